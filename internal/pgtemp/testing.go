@@ -1,0 +1,169 @@
+package pgtemp
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const (
+	// sharedStartTimeout allows for pulling a container image on first use.
+	sharedStartTimeout = 3 * time.Minute
+	// dbOpTimeout bounds creating or dropping one database.
+	dbOpTimeout = time.Minute
+	// defaultPoolSize is NewPool's MaxConns unless the URL sets
+	// pool_max_conns; pgxpool's own default (4 on small machines) is too
+	// small for tests that exercise concurrency.
+	defaultPoolSize = 16
+	// poolCloseTimeout is how long NewPool's cleanup waits for connections
+	// still in use.
+	poolCloseTimeout = 10 * time.Second
+)
+
+// shared is the server of the test binary. A mutex rather than sync.Once
+// keeps the result readable by Main without starting a server there.
+var shared struct {
+	mu      sync.Mutex
+	started bool
+	srv     *Server
+	err     error
+	logged  bool
+}
+
+// Shared returns the test binary's Postgres, starting it on first use. Every
+// test in the process shares it; give each test its own database with
+// [NewDB] or [NewPool] instead of using it directly. When no Postgres can be
+// found, the test fails with an error naming what was tried, and so does
+// every later caller: startup is not retried.
+//
+//	func TestRestart(t *testing.T) {
+//		srv := pgtemp.Shared(t)
+//		if err := srv.Restart(ctx); err != nil {
+//			t.Fatal(err)
+//		}
+//	}
+//
+// Use [Main] in TestMain so the server is stopped when the tests are done.
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if !shared.started {
+		shared.started = true
+		ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
+		shared.srv, shared.err = Start(ctx)
+		cancel()
+	}
+	if shared.err != nil {
+		tb.Fatal(shared.err)
+	}
+	if !shared.logged {
+		// Logged once, in the first test to get it, so a failing run shows
+		// which Postgres it ran against.
+		shared.logged = true
+		tb.Log(shared.srv.describe())
+	}
+	return shared.srv
+}
+
+// NewDB creates a fresh, empty database on the [Shared] server and returns
+// its URL. The database is dropped when the test and its subtests finish.
+// Databases are independent, so tests using NewDB can run in parallel.
+//
+//	func TestStore(t *testing.T) {
+//		t.Parallel()
+//		conn, err := pgx.Connect(ctx, pgtemp.NewDB(t))
+//		...
+//	}
+func NewDB(tb testing.TB) string {
+	tb.Helper()
+	srv := Shared(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
+	defer cancel()
+	dbURL, err := srv.CreateDatabase(ctx)
+	if err != nil {
+		tb.Fatalf("pgtemp: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
+		defer cancel()
+		if err := srv.DropDatabase(ctx, dbURL); err != nil {
+			tb.Errorf("pgtemp: %v", err)
+		}
+	})
+	return dbURL
+}
+
+// NewPool returns a pgxpool connected to a fresh database from [NewDB]. The
+// pool is closed when the test finishes, before the database is dropped. It
+// holds up to 16 connections unless the server URL (for instance
+// TEST_DATABASE_URL) sets pool_max_conns.
+//
+//	func TestStore(t *testing.T) {
+//		t.Parallel()
+//		pool := pgtemp.NewPool(t)
+//		_, err := pool.Exec(ctx, "CREATE TABLE t (id bigint)")
+//		require.NoError(t, err)
+//	}
+func NewPool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	dbURL := NewDB(tb)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		tb.Fatalf("pgtemp: error parsing database URL: %v", err)
+	}
+	if u, err := url.Parse(dbURL); err == nil && !u.Query().Has("pool_max_conns") {
+		cfg.MaxConns = defaultPoolSize
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtemp: error opening pool: %v", err)
+	}
+	// Registered after NewDB's drop, so it runs first. pool.Close waits for
+	// every acquired connection, so a leaked Rows or Tx would hang the test
+	// binary until its timeout; report it instead and let the drop's FORCE
+	// end the connection.
+	tb.Cleanup(func() {
+		closed := make(chan struct{})
+		go func() {
+			pool.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(poolCloseTimeout):
+			tb.Errorf("pgtemp: pool still had a connection in use %v after the test ended: a Rows, Tx or Conn was not released", poolCloseTimeout)
+		}
+	})
+	return pool
+}
+
+// Main runs the tests and then stops the [Shared] server if a test started
+// it, removing its temporary files. It returns the exit code for os.Exit;
+// a server that will not stop turns a pass into a failure, since it would
+// otherwise be left behind unnoticed.
+//
+//	func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
+func Main(m *testing.M) int {
+	code := m.Run()
+	shared.mu.Lock()
+	srv := shared.srv
+	shared.mu.Unlock()
+	if srv != nil {
+		if err := srv.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtemp: error stopping the shared server: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	return code
+}
