@@ -1,0 +1,120 @@
+package tx
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrCommitUnknown is wrapped by the error [Run] returns when COMMIT was sent
+// but no answer came back: the connection died, the context was cancelled
+// while waiting, or the server ended the session. The transaction may or may
+// not have committed, and only the database can tell which. The returned
+// error also wraps the cause.
+//
+//	err := tx.Run(ctx, pool, transfer)
+//	if errors.Is(err, tx.ErrCommitUnknown) {
+//		// Look before trying again: did the transfer land?
+//	}
+//
+// Run does not return it for a transaction marked with [MarkIdempotent]: it
+// runs that transaction again instead. It still returns it when it has to
+// stop (the context is done, or the attempts are used up) before such a
+// rerun succeeded, because then the outcome is still unknown.
+var ErrCommitUnknown = errors.New("the COMMIT was sent but its outcome is unknown: the transaction may or may not have committed; check before retrying")
+
+// IsRetryable reports whether err means that running the same transaction
+// again may succeed: a serialization failure (SQLSTATE 40001) or a deadlock
+// (SQLSTATE 40P01) reported by Postgres anywhere in err's chain, or an error
+// in the chain with a Retryable() bool method that returns true. [Run] uses
+// it to decide whether to retry after fn fails.
+//
+//	if tx.IsRetryable(err) {
+//		// Postgres rolled the transaction back to break a conflict.
+//	}
+//
+// A function that wants Run to retry for reasons of its own returns an error
+// with a Retryable method:
+//
+//	type lockBusyError struct{}
+//
+//	func (lockBusyError) Error() string   { return "lock is busy" }
+//	func (lockBusyError) Retryable() bool { return true }
+func IsRetryable(err error) bool {
+	return anyInTree(err, func(err error) bool {
+		if pgErr, ok := err.(*pgconn.PgError); ok {
+			return pgErr.Code == "40001" || pgErr.Code == "40P01"
+		}
+		if r, ok := err.(interface{ Retryable() bool }); ok {
+			return r.Retryable()
+		}
+		return false
+	})
+}
+
+// anyInTree reports whether match is true for err or any error it wraps,
+// following both Unwrap() error and Unwrap() []error. errors.As would stop at
+// the first *pgconn.PgError, and a joined error can hold several.
+func anyInTree(err error, match func(error) bool) bool {
+	for err != nil {
+		if match(err) {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if anyInTree(e, match) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// commitError turns a failed COMMIT into the error Run reports, and says
+// whether the outcome is unknown.
+//
+// Only an answer from the server makes the outcome known. pgconn.SafeToRetry
+// is no guide: when the connection dies while pgx waits for the answer to
+// COMMIT, pgx (v5.12) closes the connection and then reports the failed read
+// as "conn closed" (pgconn.ErrConnClosed), a lock error that SafeToRetry
+// calls safe, though the server may well have committed.
+func commitError(err error) (wrapped error, unknown bool) {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrTxCommitRollback):
+		// The server answered ROLLBACK: a statement failed earlier in the
+		// transaction and fn did not return its error.
+		return fmt.Errorf("error committing transaction: a statement in it failed, so Postgres rolled it back: %w", err), false
+
+	case errors.Is(err, pgx.ErrTxClosed):
+		// Nothing was sent: the transaction ended before Run committed it.
+		return fmt.Errorf("error committing transaction: fn must not commit or roll back the transaction Run gives it: %w", err), false
+
+	case errors.As(err, &pgErr) && severity(pgErr) == "ERROR":
+		// An ERROR in reply to COMMIT (a deferred constraint, a
+		// serialization failure) means the transaction was rolled back.
+		// FATAL and PANIC are not included: a backend terminated while
+		// waiting for a synchronous standby reports FATAL after the commit
+		// is already durable locally.
+		return fmt.Errorf("error committing transaction: %w", err), false
+
+	default:
+		return fmt.Errorf("%w: %w", ErrCommitUnknown, err), true
+	}
+}
+
+func severity(pgErr *pgconn.PgError) string {
+	if pgErr.SeverityUnlocalized != "" {
+		return pgErr.SeverityUnlocalized
+	}
+	return pgErr.Severity
+}
