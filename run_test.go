@@ -1,0 +1,279 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+func TestRun(t *testing.T) {
+	t.Parallel()
+
+	key := idem.Key{Scope: "tenant-a", ID: "k1"}
+
+	t.Run("RunsOnceAndReplays", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ran := 0
+		first, err := idem.Run(b.ctx, b.pool, key, recordEffect("k1", "first", &ran))
+		require.NoError(t, err)
+		again, err := idem.Run(b.ctx, b.pool, key, recordEffect("k1", "second", &ran))
+		require.NoError(t, err)
+		require.Equal(t, first, again)
+		require.Equal(t, 1, ran)
+		require.Equal(t, 1, b.effects(t, "k1"))
+		// Do and Run share keys.
+		err = b.inTx(t, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			viaDo, err := idem.Do(b.ctx, tx, key, recordEffect("k1", "third", &ran))
+			require.Equal(t, first, viaDo)
+			return err
+		})
+		require.NoError(t, err)
+		require.Equal(t, 1, ran)
+	})
+
+	t.Run("ErrorRollsBackEverything", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		boom := errors.New("declined")
+		_, err := idem.Run(b.ctx, b.pool, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
+			_, err := recordEffect("k1", "x", nil)(ctx, tx)
+			require.NoError(t, err)
+			return receipt{}, boom
+		})
+		require.ErrorIs(t, err, boom)
+		require.Equal(t, 0, b.effects(t, "k1"))
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idem_keys`).Scan(&n))
+		require.Equal(t, 0, n)
+		// The connection went back to the pool clean: the next Run works.
+		_, err = idem.Run(b.ctx, b.pool, key, recordEffect("k1", "x", nil))
+		require.NoError(t, err)
+		require.Equal(t, 1, b.effects(t, "k1"))
+	})
+
+	t.Run("MismatchAndInFlight", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		k := key
+		k.Fingerprint = idem.Fingerprint("a")
+		_, err := idem.Run(b.ctx, b.pool, k, recordEffect("k1", "x", nil))
+		require.NoError(t, err)
+		k.Fingerprint = idem.Fingerprint("b")
+		_, err = idem.Run(b.ctx, b.pool, k, recordEffect("k1", "x", nil))
+		require.ErrorIs(t, err, idem.ErrMismatch)
+
+		other := idem.Key{Scope: "tenant-a", ID: "k2"}
+		holder, release := holdKey(t, b, other)
+		ran := 0
+		_, err = idem.Run(b.ctx, b.pool, other, recordEffect("k2", "dup", &ran))
+		require.ErrorIs(t, err, idem.ErrInFlight)
+		require.Equal(t, 0, ran)
+		release(true)
+		require.NoError(t, <-holder)
+		out, err := idem.Run(b.ctx, b.pool, other, recordEffect("k2", "dup", &ran))
+		require.NoError(t, err)
+		require.Equal(t, "holder", out.Note)
+	})
+
+	t.Run("LostRaceIsRetriedAndReplays", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		attempts := 0
+		out, err := idem.Run(b.ctx, b.pool, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
+			attempts++
+			if attempts == 1 {
+				_, err := b.pool.Exec(ctx, `INSERT INTO idem_keys (scope, id, result, expires_at) VALUES ('tenant-a', 'k1', '{"note":"racer"}', now() + interval '1 hour')`)
+				require.NoError(t, err)
+			}
+			return recordEffect("k1", "late", nil)(ctx, tx)
+		})
+		require.NoError(t, err)
+		require.Equal(t, "racer", out.Note)
+		require.Equal(t, 1, attempts, "the retry replays; fn does not run again")
+		require.Equal(t, 0, b.effects(t, "k1"))
+	})
+
+	t.Run("SavepointsAndOwnership", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := idem.Run(b.ctx, b.pool, key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
+			require.Error(t, tx.Commit(ctx), "fn cannot commit Run's transaction")
+			require.Error(t, tx.Rollback(ctx), "fn cannot roll back Run's transaction")
+			// A failed savepoint is undone without losing the transaction.
+			err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := recordEffect("k1", "undone", nil)(ctx, sp)
+				require.NoError(t, err)
+				return errors.New("undo")
+			})
+			require.Error(t, err)
+			require.NoError(t, pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := recordEffect("k1", "kept", nil)(ctx, sp)
+				return err
+			}))
+			return receipt{Note: "ok"}, nil
+		})
+		require.NoError(t, err)
+		var notes []string
+		rows, err := b.pool.Query(b.ctx, `SELECT note FROM effects`)
+		require.NoError(t, err)
+		notes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Equal(t, []string{"kept"}, notes)
+	})
+
+	t.Run("IsolationIsApplied", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+			got, err := idem.Run(b.ctx, b.pool, idem.Key{Scope: "s", ID: string(iso[:4])}, func(ctx context.Context, tx pgx.Tx) (string, error) {
+				var level string
+				err := tx.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&level)
+				return level, err
+			}, idem.Isolation(iso))
+			require.NoError(t, err)
+			require.Equal(t, string(iso), got)
+		}
+	})
+
+	t.Run("AnyBeginnerWorks", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ran := 0
+		outer, err := b.pool.Begin(b.ctx)
+		require.NoError(t, err)
+		first, err := idem.Run(b.ctx, outer, key, recordEffect("k1", "x", &ran))
+		require.NoError(t, err)
+		again, err := idem.Run(b.ctx, outer, key, recordEffect("k1", "x", &ran))
+		require.NoError(t, err)
+		require.Equal(t, first, again)
+		require.NoError(t, outer.Commit(b.ctx))
+		require.Equal(t, 1, ran)
+		require.Equal(t, 1, b.effects(t, "k1"))
+	})
+
+	t.Run("Concurrent64", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		const callers = 64
+		results := make([]receipt, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Go(func() {
+				for {
+					out, err := idem.Run(b.ctx, b.pool, key, recordEffect("k1", "x", nil))
+					if errors.Is(err, idem.ErrInFlight) {
+						continue
+					}
+					require.NoError(t, err)
+					results[i] = out
+					return
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, 1, b.effects(t, "k1"))
+		for i := range callers {
+			require.Equal(t, results[0], results[i])
+		}
+	})
+}
+
+// TestRoundTrips counts the round trips each path makes on a real connection, because the
+// claims in Do's and Run's documentation are about exactly that.
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	counter := &tripCounter{}
+	cfg := b.pool.Config().ConnConfig.Copy()
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &countingConn{Conn: c, counter: counter}, nil
+	}
+	conn, err := pgx.ConnectConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+
+	work := func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ('x')`)
+		return 1, err
+	}
+	bare := func() error {
+		return pgx.BeginFunc(b.ctx, conn, func(tx pgx.Tx) error { _, err := work(b.ctx, tx); return err })
+	}
+	viaDo := func(id string) func() error {
+		return func() error {
+			return pgx.BeginFunc(b.ctx, conn, func(tx pgx.Tx) error {
+				_, err := idem.Do(b.ctx, tx, idem.Key{Scope: "s", ID: id}, work)
+				return err
+			})
+		}
+	}
+	viaRun := func(id string) func() error {
+		return func() error { _, err := idem.Run(b.ctx, conn, idem.Key{Scope: "s", ID: id}, work); return err }
+	}
+	// Warm pgx's statement cache, as any long-lived connection has.
+	for _, f := range []func() error{bare, viaDo("warm-do"), viaRun("warm-run"), viaRun("warm-do")} {
+		require.NoError(t, f())
+	}
+	trips := func(f func() error) int {
+		counter.reset()
+		require.NoError(t, f())
+		return counter.trips()
+	}
+
+	base := trips(bare)
+	require.Equal(t, 3, base, "BEGIN, INSERT, COMMIT")
+	require.Equal(t, base+2, trips(viaDo("d1")), "Do adds at most two round trips when fresh")
+	require.Equal(t, 3, trips(viaDo("d1")), "a replay inside a caller's transaction is BEGIN, lookup, COMMIT")
+	require.Equal(t, base, trips(viaRun("r1")), "Run adds no round trip to the transaction")
+	require.Equal(t, 2, trips(viaRun("r1")), "a replay through Run is two round trips")
+}
+
+// tripCounter counts round trips: each time the client writes after having read, a new request
+// has started.
+type tripCounter struct {
+	mu      sync.Mutex
+	n       int
+	reading bool
+}
+
+func (c *tripCounter) reset() { c.mu.Lock(); c.n, c.reading = 0, true; c.mu.Unlock() }
+func (c *tripCounter) trips() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+type countingConn struct {
+	net.Conn
+	counter *tripCounter
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.counter.mu.Lock()
+	if c.counter.reading {
+		c.counter.n++
+		c.counter.reading = false
+	}
+	c.counter.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.counter.mu.Lock()
+	c.counter.reading = true
+	c.counter.mu.Unlock()
+	return n, err
+}
