@@ -93,18 +93,22 @@ func BenchmarkTransfer(b *testing.B) {
 			})
 		}},
 	}
+	cpu := newCPUMeter(ctx, pool)
 	for _, clients := range []int{1, 8} {
 		for _, v := range variants {
 			b.Run(fmt.Sprintf("clients=%d/%s", clients, v.name), func(b *testing.B) {
-				runClients(b, clients, func(i int) error { return v.op(ctx, i) })
+				runClients(b, clients, cpu, func(i int) error { return v.op(ctx, i) })
 			})
 		}
 	}
 }
 
 // runClients shares b.N operations among n goroutines, each standing for one client with its
-// own connection, and reports throughput.
-func runClients(b *testing.B, n int, op func(i int) error) {
+// own connection, and reports throughput and, where it can be read, the CPU time spent per
+// operation by this process and the Postgres server together. CPU per operation is the figure
+// that other load on a shared machine disturbs least.
+func runClients(b *testing.B, n int, cpu *cpuMeter, op func(i int) error) {
+	before := cpu.read()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -130,4 +134,7 @@ func runClients(b *testing.B, n int, op func(i int) error) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tx/s")
+	if after := cpu.read(); before > 0 && after > before {
+		b.ReportMetric(float64((after-before).Microseconds())/float64(b.N), "cpu-µs/tx")
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtemp"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -488,3 +489,25 @@ func (n noSQL) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) 
 func (n noSQL) Query(context.Context, string, ...any) (pgx.Rows, error) { n.fail(); return nil, nil }
 func (n noSQL) QueryRow(context.Context, string, ...any) pgx.Row        { n.fail(); return nil }
 func (n noSQL) Conn() *pgx.Conn                                         { n.fail(); return nil }
+
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtemp.NewPool(t)
+	errs := make(chan error, 8)
+	for i := range 8 {
+		go func() {
+			var opts []idem.Option
+			if i%2 == 1 {
+				opts = append(opts, idem.Schema("other"))
+			}
+			errs <- idem.Migrate(ctx, pool, opts...)
+		}()
+	}
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'idem_keys'`).Scan(&n))
+	require.Equal(t, 2, n, "one table in public, one in the other schema")
+}

@@ -34,6 +34,43 @@ var shared struct {
 	srv     *Server
 	err     error
 	logged  bool
+	dbs     []string // made by NewExampleDB, dropped by Main
+}
+
+// sharedServer starts the shared server on first use; the caller holds shared.mu.
+func sharedServer() (*Server, error) {
+	if !shared.started {
+		shared.started = true
+		ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
+		shared.srv, shared.err = Start(ctx)
+		cancel()
+	}
+	return shared.srv, shared.err
+}
+
+// NewExampleDB creates a fresh database on the [Shared] server for a runnable Example, which
+// has no testing.TB to report to or clean up with; [Main] drops it when the tests are done. It
+// panics when no Postgres can be found, with the error that says what was tried.
+//
+//	func ExampleDo() {
+//		pool, _ := pgxpool.New(ctx, pgtemp.NewExampleDB())
+//		...
+//	}
+func NewExampleDB() string {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	srv, err := sharedServer()
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
+	defer cancel()
+	dbURL, err := srv.CreateDatabase(ctx)
+	if err != nil {
+		panic(fmt.Sprintf("pgtemp: %v", err))
+	}
+	shared.dbs = append(shared.dbs, dbURL)
+	return dbURL
 }
 
 // Shared returns the test binary's Postgres, starting it on first use. Every
@@ -54,14 +91,8 @@ func Shared(tb testing.TB) *Server {
 	tb.Helper()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	if !shared.started {
-		shared.started = true
-		ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
-		shared.srv, shared.err = Start(ctx)
-		cancel()
-	}
-	if shared.err != nil {
-		tb.Fatal(shared.err)
+	if _, err := sharedServer(); err != nil {
+		tb.Fatal(err)
 	}
 	if !shared.logged {
 		// Logged once, in the first test to get it, so a failing run shows
@@ -155,9 +186,16 @@ func NewPool(tb testing.TB) *pgxpool.Pool {
 func Main(m *testing.M) int {
 	code := m.Run()
 	shared.mu.Lock()
-	srv := shared.srv
+	srv, dbs := shared.srv, shared.dbs
 	shared.mu.Unlock()
 	if srv != nil {
+		for _, dbURL := range dbs {
+			ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
+			if err := srv.DropDatabase(ctx, dbURL); err != nil {
+				fmt.Fprintf(os.Stderr, "pgtemp: error dropping an example database: %v\n", err)
+			}
+			cancel()
+		}
 		if err := srv.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtemp: error stopping the shared server: %v\n", err)
 			if code == 0 {
