@@ -1,0 +1,104 @@
+package idemhttp
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem"
+)
+
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{
+		`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `8e03978e-40d5-43e8-bc93-6894a57f9324`,
+		`"a\"b\\c"`, `"a";p=1`, `"a" "b"`, `"`, `""`, ` "x" `, `"\x"`, "\"\x7f\"", `a b`, "caf\xc3\xa9",
+		strings.Repeat("k", 255), `"` + strings.Repeat("k", 256) + `"`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		id, err := ParseKey(value)
+		if err != nil {
+			if id != "" {
+				t.Fatalf("ParseKey(%q) returned %q with error %v", value, id, err)
+			}
+			if !strings.Contains(err.Error(), "invalid key") {
+				t.Fatalf("ParseKey(%q) error does not say the key is invalid: %v", value, err)
+			}
+			return
+		}
+		if err := idem.ValidateID(id); err != nil {
+			t.Fatalf("ParseKey(%q) = %q, which idem refuses: %v", value, id, err)
+		}
+		// Both forms of the parsed key name the same key; a bare key cannot begin with a
+		// quote, which starts the quoted form.
+		forms := []string{formatKey(id)}
+		if !strings.HasPrefix(id, `"`) {
+			forms = append(forms, id)
+		}
+		for _, form := range forms {
+			again, err := ParseKey(form)
+			if err != nil || again != id {
+				t.Fatalf("ParseKey(%q) = %q, %v; want %q (from %q)", form, again, err, id, value)
+			}
+		}
+	})
+}
+
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"b":1,"a":[true,false,null,"x"]}`, ` { "a" : { "c" : 1.50 , "b" : -0 } } `, `[]`, `{}`, `"\u00e9\ud800"`,
+		`{"a":1,"a":2}`, `1e400`, `[[[[[[]]]]]]`, `{"<&>":"\u2028"}`, `{"a":1} {"b":2}`, `{"a":`, "\"\xff\"",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		canon, err := CanonicalJSON(data)
+		if err != nil {
+			if json.Valid(data) && utf8.Valid(data) && !strings.Contains(err.Error(), "nested") {
+				t.Fatalf("CanonicalJSON refused valid JSON %q: %v", data, err)
+			}
+			return
+		}
+		if !json.Valid(canon) {
+			t.Fatalf("CanonicalJSON(%q) = %q, not valid JSON", data, canon)
+		}
+		again, err := CanonicalJSON(canon)
+		if err != nil || !bytes.Equal(again, canon) {
+			t.Fatalf("not stable: %q -> %q -> %q (%v)", data, canon, again, err)
+		}
+		// Same value for a decoder (duplicate keys included: the last still wins).
+		if a, b := decode(t, data), decode(t, canon); !reflect.DeepEqual(a, b) {
+			t.Fatalf("CanonicalJSON(%q) = %q changed the value: %#v != %#v", data, canon, a, b)
+		}
+		// Another encoding of the same JSON gets the same fingerprint.
+		var indented bytes.Buffer
+		if err := json.Indent(&indented, data, "\t", "   "); err != nil {
+			t.Fatalf("json.Indent refused %q: %v", data, err)
+		}
+		if !bytes.Equal(fingerprintJSON(data), fingerprintJSON(indented.Bytes())) {
+			t.Fatalf("%q and its indented form %q have different fingerprints", data, indented.Bytes())
+		}
+	})
+}
+
+func decode(t *testing.T, data []byte) any {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("decoding %q: %v", data, err)
+	}
+	return v
+}
+
+func fingerprintJSON(body []byte) []byte {
+	r := httptest.NewRequest(http.MethodPost, "/x?y=1", bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json; charset=utf-8")
+	return DefaultFingerprint(r, body)
+}

@@ -1,0 +1,251 @@
+package idemhttp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Defaults used for the zero values of [Transport].
+const (
+	DefaultMaxAttempts   = 5
+	DefaultMinBackoff    = 100 * time.Millisecond
+	DefaultMaxBackoff    = 5 * time.Second
+	DefaultMaxRetryAfter = 30 * time.Second
+)
+
+// ErrBodyNotRewindable is returned by [Transport.RoundTrip] for a request it would have to retry
+// but whose body it cannot send again. The request is refused before anything is sent, so that
+// retrying does not work only until the first network error.
+//
+//	req, _ := http.NewRequest("POST", url, bytes.NewReader(payload)) // sets GetBody
+//	_, err := client.Do(req)
+//	if errors.Is(err, idemhttp.ErrBodyNotRewindable) { ... } // a one-shot body: buffer it first
+var ErrBodyNotRewindable = errors.New("idemhttp: the request body cannot be rewound for a retry: set Request.GetBody (http.NewRequest does so for *bytes.Buffer, *bytes.Reader and *strings.Reader bodies)")
+
+// maxDrain bounds how much of a discarded response is read so its connection can be reused;
+// past that, closing the connection is cheaper.
+const maxDrain = 64 << 10
+
+// Transport is an http.RoundTripper that gives each request of a guarded method (POST and PATCH
+// by default) an idempotency key, and retries it with the same key until it gets an answer. It
+// is the client half of [Middleware], and works with any server that follows the IETF draft or
+// Stripe's convention.
+//
+// A request without an Idempotency-Key header gets a new UUIDv7 key, in the draft's quoted form.
+// A request that has one keeps it: set it yourself when the logical operation outlives one
+// RoundTrip (a job that may be retried by a queue, for example).
+//
+// RoundTrip retries on a network error (but an untrusted certificate), on 409 (another attempt
+// with the key is still in progress), 429 and 5xx (but 501), waiting as Retry-After says or,
+// without it, a random time up to MinBackoff·2^n capped at MaxBackoff ("full jitter"). A response marked replayed
+// (Idempotent-Replayed: true) is never retried, whatever its status: it is the final answer to
+// the request, and asking again would get it again. It stops after MaxAttempts, returning the
+// last response (or error), or when the request's context is done.
+//
+// The caller's request is never modified: every attempt is a clone. A body is sent again through
+// GetBody; a request with a body and no GetBody is refused with [ErrBodyNotRewindable]. Bodies of
+// discarded responses are drained and closed.
+//
+//	client := &http.Client{Transport: &idemhttp.Transport{}}
+//	resp, err := client.Post("https://api.example.com/orders", "application/json",
+//		strings.NewReader(`{"sku":"A-1"}`))
+type Transport struct {
+	// Base sends each attempt. Default: http.DefaultTransport.
+	Base http.RoundTripper
+
+	// Methods are the methods keyed and retried; others go to Base once, untouched. Default:
+	// [DefaultMethods].
+	Methods []string
+
+	// KeyHeader and ReplayedHeader name the headers. Defaults: [DefaultKeyHeader] and
+	// [DefaultReplayedHeader].
+	KeyHeader      string
+	ReplayedHeader string
+
+	// BareKey sends generated keys bare (Stripe's form) rather than as the draft's quoted
+	// string. Both forms are accepted by [Middleware].
+	BareKey bool
+
+	// NewKey makes a key for a request without one. Default: a UUIDv7.
+	NewKey func() string
+
+	// MaxAttempts bounds the attempts per request, the first included. Default:
+	// [DefaultMaxAttempts]; 1 turns retrying off (keys are still added).
+	MaxAttempts int
+
+	// MinBackoff and MaxBackoff bound the wait before a retry without Retry-After. Defaults:
+	// [DefaultMinBackoff] and [DefaultMaxBackoff].
+	MinBackoff, MaxBackoff time.Duration
+
+	// MaxRetryAfter is the longest Retry-After honoured; a response asking for a longer wait is
+	// returned to the caller instead. Default: [DefaultMaxRetryAfter].
+	MaxRetryAfter time.Duration
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	methods := t.Methods
+	if len(methods) == 0 {
+		methods = DefaultMethods
+	}
+	if !slices.Contains(methods, req.Method) {
+		return base.RoundTrip(req)
+	}
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	if hasBody && req.GetBody == nil {
+		_ = req.Body.Close() // a RoundTripper closes the body, even on error
+		return nil, fmt.Errorf("%w (%s %s)", ErrBodyNotRewindable, req.Method, req.URL.Redacted())
+	}
+
+	keyHeader := orDefault(t.KeyHeader, DefaultKeyHeader)
+	key := req.Header.Get(keyHeader)
+	if key == "" {
+		key = t.newKey()
+	}
+	ctx := req.Context()
+	attempts := orDefault(t.MaxAttempts, DefaultMaxAttempts)
+	for attempt := 1; ; attempt++ {
+		areq := req.Clone(ctx)
+		areq.Header.Set(keyHeader, key)
+		if attempt > 1 && hasBody {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, fmt.Errorf("idemhttp: error rewinding the request body for attempt %d: %w", attempt, err)
+			}
+			areq.Body = body
+		}
+		resp, err := base.RoundTrip(areq)
+		wait, retry := t.retryable(ctx, resp, err, attempt)
+		if !retry {
+			return resp, err
+		}
+		if attempt >= attempts {
+			if err != nil && attempt > 1 {
+				err = fmt.Errorf("idemhttp: giving up after %d attempts: %w", attempt, err)
+			}
+			return resp, err
+		}
+		discard(resp)
+		if err := sleep(ctx, wait); err != nil {
+			last := err
+			if resp != nil {
+				last = fmt.Errorf("%s", resp.Status)
+			}
+			return nil, fmt.Errorf("idemhttp: stopped retrying after %d attempts because the request's context is done: %w (last outcome: %v)", attempt, err, last)
+		}
+	}
+}
+
+// retryable decides whether an attempt's outcome calls for another attempt, and after how long.
+func (t *Transport) retryable(ctx context.Context, resp *http.Response, err error, attempt int) (time.Duration, bool) {
+	if err != nil {
+		// A caller that gave up, or a server whose certificate is not trusted, will not
+		// change its mind. Anything else (refused, reset, EOF mid-response) may be a response
+		// lost on the way back, which the retry replays.
+		var certErr *tls.CertificateVerificationError
+		return t.backoff(attempt), ctx.Err() == nil && !errors.As(err, &certErr)
+	}
+	if resp.Header.Get(orDefault(t.ReplayedHeader, DefaultReplayedHeader)) == "true" {
+		return 0, false
+	}
+	switch s := resp.StatusCode; {
+	case s == http.StatusConflict, s == http.StatusTooManyRequests, s >= 500 && s != http.StatusNotImplemented:
+	default:
+		return 0, false
+	}
+	if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		if ra > orDefault(t.MaxRetryAfter, DefaultMaxRetryAfter) {
+			return 0, false
+		}
+		return ra, true
+	}
+	return t.backoff(attempt), true
+}
+
+// backoff is full jitter: a random wait up to min·2^(attempt-1), capped at max.
+func (t *Transport) backoff(attempt int) time.Duration {
+	lo, hi := orDefault(t.MinBackoff, DefaultMinBackoff), orDefault(t.MaxBackoff, DefaultMaxBackoff)
+	ceiling := lo
+	for i := 1; i < attempt && ceiling < hi; i++ {
+		ceiling *= 2
+	}
+	ceiling = min(ceiling, hi)
+	if ceiling <= 0 {
+		return 0
+	}
+	return rand.N(ceiling) + 1
+}
+
+func (t *Transport) newKey() string {
+	var id string
+	if t.NewKey != nil {
+		id = t.NewKey()
+	} else {
+		id = uuid.Must(uuid.NewV7()).String()
+	}
+	if t.BareKey {
+		return id
+	}
+	return formatKey(id)
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP-date (RFC 9110, section 10.2.3).
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s < 0 || s > int64(365*24*time.Hour/time.Second) {
+			return 0, false
+		}
+		return time.Duration(s) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(at.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+func discard(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	_ = resp.Body.Close()
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
