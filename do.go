@@ -165,7 +165,8 @@ const (
 // decide turns the looked-up row into what Do does next. It is the one place that encodes the
 // outcome table in Do's doc comment.
 func decide(key Key, cfg *config, row keyRow) (verdict, error) {
-	if row.found && row.workflow != nil {
+	// A workflow's key is another operation's until it has finished and expired.
+	if row.found && row.workflow != nil && (row.live || row.state == "running") {
 		return 0, fmt.Errorf("%w (it belongs to workflow %q; scope %q, key %q): use a new key", ErrMismatch, *row.workflow, key.Scope, key.ID)
 	}
 	switch {

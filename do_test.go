@@ -511,3 +511,24 @@ func TestMigrateConcurrently(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'idem_keys'`).Scan(&n))
 	require.Equal(t, 2, n, "one table in public, one in the other schema")
 }
+
+func TestDoReusesExpiredWorkflowKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `
+		INSERT INTO idem_keys (scope, id, state, workflow, result, expires_at) VALUES ('s', 'k1', 'done', 'payout', '{}', now() - interval '1 second');
+		INSERT INTO idem_steps (scope, id, seq, name, kind, output) VALUES ('s', 'k1', 1, 'reserve', 'tx', '{}');`)
+	require.NoError(t, err)
+	ran := 0
+	err = b.inTx(t, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := idem.Do(b.ctx, tx, idem.Key{Scope: "s", ID: "k1"}, recordEffect("k1", "new", &ran))
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, ran)
+	var workflow *string
+	var stepsLeft int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT workflow, (SELECT count(*) FROM idem_steps) FROM idem_keys`).Scan(&workflow, &stepsLeft))
+	require.Nil(t, workflow)
+	require.Zero(t, stepsLeft, "the expired run's history is gone with it")
+}

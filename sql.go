@@ -23,11 +23,11 @@ func statementsFor(schema string) *statements {
 	if s, ok := statementCache.Load(schema); ok {
 		return s.(*statements)
 	}
-	table := "idem_keys"
+	keys, steps := "idem_keys", "idem_steps"
 	if schema != "" {
-		table = pgx.Identifier{schema, "idem_keys"}.Sanitize()
+		keys, steps = pgx.Identifier{schema, keys}.Sanitize(), pgx.Identifier{schema, steps}.Sanitize()
 	}
-	r := strings.NewReplacer("idem_keys", table)
+	r := strings.NewReplacer("idem_keys", keys, "idem_steps", steps)
 	s := &statements{
 		// One row whatever happens, thanks to the outer join against a one-row relation. The
 		// advisory lock is taken only when the key is not already done: replays never contend
@@ -44,8 +44,8 @@ FROM (SELECT) AS one LEFT JOIN idem_keys k ON k.scope = $1 AND k.id = $2`),
 		insert: r.Replace(`INSERT INTO idem_keys (scope, id, fingerprint, result, expires_at)
 VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 microsecond')`),
 
-		// The key existed but had expired. Replace it only if it is still expired when the UPDATE
-		// gets to it; if it is not (a racer renewed it), or it is gone (the reaper deleted it),
+		// The key existed but had expired (a result of Do, or a finished workflow). Replace it only
+		// if it is still expired when the UPDATE gets to it; if it is not (a racer renewed it), or it is gone (the reaper deleted it),
 		// fall through to the INSERT, which either takes the free key or aborts on the racer's row.
 		replace: r.Replace(`WITH replaced AS (
 	UPDATE idem_keys SET state = 'done', fingerprint = $3, result = $4, workflow = NULL, input = NULL,
@@ -53,6 +53,9 @@ VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 microsecond')`),
 		created_at = now(), expires_at = now() + $5::int8 * interval '1 microsecond'
 	WHERE scope = $1 AND id = $2 AND expires_at <= now() AND state <> 'running'
 	RETURNING 1
+), cleared AS (
+	-- An expired workflow's history goes with it: the key now names another operation.
+	DELETE FROM idem_steps WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM replaced)
 )
 INSERT INTO idem_keys (scope, id, fingerprint, result, expires_at)
 SELECT $1::text, $2::text, $3::bytea, $4::bytea, now() + $5::int8 * interval '1 microsecond'
