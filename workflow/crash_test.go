@@ -1,0 +1,122 @@
+package workflow_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/workflow"
+)
+
+// The crash tests re-execute the test binary as a child process (TestMain sees helperEnv and
+// runs runHelper instead of the tests). The child runs the transfer workflow up to a point,
+// says so on stdout and waits there; the parent kills it with SIGKILL, so nothing in the child
+// gets to clean up: no deferred function, no rollback, no lease release. The parent then
+// recovers the run through River, as a surviving process of the application would.
+const (
+	helperEnv   = "IDEM_WORKFLOW_CRASH_POINT"
+	helperDBEnv = "IDEM_WORKFLOW_CRASH_DB"
+	crashMarker = "REACHED-CRASH-POINT"
+)
+
+var crashKey = idem.Key{Scope: "merchant:7", ID: "crash-1"}
+
+func runHelper() int {
+	point := os.Getenv(helperEnv)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv(helperDBEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	// "pause:<point>" waits at the point for a line on stdin instead of for death: the parent
+	// stops the process with SIGSTOP meanwhile, and lets it go on once its lease is gone.
+	pause := strings.HasPrefix(point, "pause:")
+	point = strings.TrimPrefix(point, "pause:")
+	wf := newTransfer(pool, &hooks{at: func(_ context.Context, p string) {
+		if p == point {
+			fmt.Println(crashMarker)
+			if !pause {
+				select {} // wait here for SIGKILL
+			}
+			_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		}
+	}})
+	e, err := workflow.NewEngine(pool, fastConfig(wf))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	_, err = wf.Run(ctx, e, crashKey, transferReq{Amount: 42, Note: "crash"}, nil)
+	if pause {
+		fmt.Printf("RESULT lease-lost=%v: %v\n", errors.Is(err, workflow.ErrLeaseLost), err)
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "the run ended without reaching %s: %v\n", point, err)
+	return 3
+}
+
+func TestCrashWithSIGKILL(t *testing.T) {
+	t.Parallel()
+
+	for _, point := range []string{"in:reserve", "before:charge", "in:charge", "in:settle", "end"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), helperEnv+"="+point, helperDBEnv+"="+b.url)
+			cmd.Stderr = os.Stderr
+			stdout, err := cmd.StdoutPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+			reached := make(chan string, 1)
+			go func() {
+				sc := bufio.NewScanner(stdout)
+				for sc.Scan() {
+					if sc.Text() == crashMarker {
+						reached <- sc.Text()
+						return
+					}
+				}
+				close(reached)
+			}()
+			select {
+			case m, ok := <-reached:
+				require.True(t, ok, "child exited before reaching %s", point)
+				require.Equal(t, crashMarker, m)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("child did not reach %s", point)
+			}
+			require.NoError(t, cmd.Process.Kill())
+			_ = cmd.Wait()
+
+			state, _ := b.state(t, crashKey)
+			require.Equal(t, "running", state)
+
+			wf := newTransfer(b.pool, nil)
+			e := b.engine(t, fastConfig(wf))
+			b.startRiver(t, e)
+			require.Equal(t, "done", b.waitFinished(t, crashKey))
+
+			r, err := wf.Run(b.ctx, e, crashKey, transferReq{Amount: 42, Note: "crash"}, nil)
+			require.NoError(t, err)
+			require.Equal(t, 42, r.Amount)
+			b.checkTransfer(t, r)
+			_, attempts := b.state(t, crashKey)
+			require.Equal(t, 2, attempts)
+		})
+	}
+}

@@ -1,0 +1,71 @@
+// Package workflow runs work that cannot fit in one transaction (it calls a payment provider,
+// sends mail, waits) so that it is safe to retry and survives crashes: the effect happens once,
+// and every retry with the same key gets the same answer.
+//
+// A workflow is an ordinary Go function that calls named steps from package steps. Each
+// completed step is a committed recovery point: when the process running a workflow dies,
+// another process resumes the run from its last completed step, replaying the stored outputs
+// of the steps before it.
+//
+//	var Payout = workflow.Define("payout", func(ctx context.Context, req PayoutReq) (Receipt, error) {
+//		hold, err := steps.Tx(ctx, "reserve", reserveFunc(req), nil)      // exactly once
+//		...
+//		charge, err := steps.Call(ctx, "charge", chargeFunc(hold), nil)   // at least once, same key
+//		...
+//		err = steps.Enqueue(ctx, "notify", NotifyArgs{ID: req.ID}, nil)    // River job, exactly once
+//		...
+//		return steps.Tx(ctx, "settle", settleFunc(hold, charge), nil)
+//	})
+//
+//	receipt, err := Payout.Run(ctx, engine, idem.Key{Scope: merchantID, ID: requestKey}, req, nil)
+//
+// [Workflow.Run] runs the workflow in the calling process and returns its output; a retry with
+// the same key replays it. [Workflow.StartTx] instead starts it inside a transaction of the
+// caller's, to be run by a River worker once that transaction commits.
+//
+// # How it works
+//
+// A run is a row of idem_keys (the table idem.Do uses) in state running, with the workflow's
+// name, its input and a lease: a random token and an expiry (Config.Lease), renewed every
+// Lease/3 by the process that owns the run. Each completed step is a row of idem_steps, written
+// by a statement that first checks that the run still has the owner's token. That check is the
+// fence: a process that lost its lease (it was paused, or cut off, and another took the run
+// over) cannot commit a step, and stops with [ErrLeaseLost]. River's own job completion does not
+// fence a stale worker; the lease token does.
+//
+// A resumed run calls the workflow function from the top; each step finds its row and returns
+// the stored output without running. A step that does not match the history at its position
+// (the code changed under a run in progress) stops the run with a *NonDeterminismError.
+//
+// # Recovery with River
+//
+// Recovery runs in the application's own River client (two River clients in one schema discard
+// each other's jobs). [Engine.AddWorkers] adds three workers and [Engine.PeriodicJobs] returns
+// two periodic jobs:
+//
+//   - the scan (every Config.ScanInterval) finds runs whose lease expired, in batches, with FOR
+//     UPDATE SKIP LOCKED, and inserts one resume job per run and expired lease (unique by its
+//     arguments);
+//   - the resume job takes a new lease and continues the run from its last completed step, in
+//     whatever process works it; a run out of attempts (Config.MaxAttempts), or whose workflow is
+//     not registered anywhere after Config.UnregisteredGrace, goes to Config.Reconcile instead,
+//     which resumes it later, completes it with a value or fails it (without a hook, it fails,
+//     with a stored error that says why);
+//   - the reaper (every Config.ReapInterval) deletes expired finished keys, of idem.Do and of
+//     workflows, in bounded batches; running ones never.
+//
+// The River configuration this needs:
+//
+//   - Workers: the application's *river.Workers, after engine.AddWorkers(workers).
+//   - PeriodicJobs: include engine.PeriodicJobs(). Periodic jobs run on River's elected leader,
+//     so keep leader election enabled on at least one client that has the engine's workers.
+//   - Queues: include Config.Queue (river.QueueDefault unless set), with enough MaxWorkers for
+//     the runs that may be resumed at once: a resume job works as long as its workflow runs.
+//   - JobTimeout: any; the resume worker sets its own timeout to none, since the lease, not
+//     River, tells whether a run is alive. RescueStuckJobsAfter: any; a rescued resume job finds
+//     the run's lease live and ends.
+//   - engine.SetClient(client) once the client exists, for steps.Enqueue outside River workers.
+//
+// Tables: idem.Migrate creates them (idem_keys and idem_steps in schema.sql), and River's own
+// with rivermigrate.
+package workflow

@@ -1,0 +1,233 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/riverqueue/river"
+
+	"github.com/idemkit/idem"
+)
+
+// Defaults used when the corresponding Config field is zero.
+//
+//	cfg := &workflow.Config{Lease: 2 * workflow.DefaultLease}
+const (
+	DefaultLease             = 30 * time.Second
+	DefaultMaxAttempts       = 10
+	DefaultUnregisteredGrace = 10 * time.Minute
+	DefaultScanInterval      = 15 * time.Second
+	DefaultScanBatchSize     = 100
+	DefaultReapInterval      = time.Minute
+	DefaultReapBatchSize     = 1000
+)
+
+// DB is what an Engine needs from Postgres: several connections at once (a run renews its lease
+// while a step works), so in practice a *pgxpool.Pool.
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	engine, err := workflow.NewEngine(pool, nil) // *pgxpool.Pool is a DB
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures an [Engine]. The zero value of every field means its default.
+//
+//	cfg := &workflow.Config{
+//		Workflows:   []workflow.Definition{Payout, Refund},
+//		Lease:       10 * time.Second, // a dead process's runs resume within ~10s + ScanInterval
+//		MaxAttempts: 5,
+//		Reconcile:   reconcileStuckPayouts,
+//	}
+type Config struct {
+	// Workflows are the workflows this deployment can run and resume. A run whose workflow is
+	// not in this list is left to other processes for UnregisteredGrace, then reconciled.
+	Workflows []Definition
+
+	// Lease is how long a run is owned by the process running it without a renewal. The owner
+	// renews it every Lease/3 while the run is alive, so a step may take longer than Lease. When
+	// the owner dies, the run is resumed elsewhere after Lease plus up to ScanInterval. Shorter
+	// means faster recovery, and more renewals. At least one second; default 30s.
+	Lease time.Duration
+
+	// TTL is how long a finished run (done or failed) is kept, and so how long a retry with its
+	// key replays the result. Expired runs are deleted by the reaper and their keys may be used
+	// again. At least one second; default idem.DefaultTTL.
+	TTL time.Duration
+
+	// MaxAttempts bounds how many times a run is started or taken over after a lost lease
+	// before it goes to Reconcile instead. Default 10.
+	MaxAttempts int
+
+	// UnregisteredGrace is how long a run whose workflow is not in Workflows is left for
+	// another deployment (one with the workflow) to resume, counted from when its lease expired.
+	// After that it is reconciled. Default 10 minutes.
+	UnregisteredGrace time.Duration
+
+	// Reconcile decides what happens to a run that cannot be resumed (see [ReconcileFunc]). When
+	// nil, such runs are failed with a stored error that says why.
+	Reconcile ReconcileFunc
+
+	// Queue is the River queue of the engine's jobs (resume, scan, reap). It must be in the
+	// River client's Queues. Default river.QueueDefault.
+	Queue string
+
+	// ScanInterval is how often the recovery scan looks for runs whose lease expired. At least
+	// one second (River's periodic jobs do not go lower); default 15s.
+	ScanInterval time.Duration
+
+	// ScanBatchSize bounds how many runs one scan hands to resume jobs. Default 100.
+	ScanBatchSize int
+
+	// ReapInterval is how often expired keys are deleted. At least one second; default 1 minute.
+	ReapInterval time.Duration
+
+	// ReapBatchSize bounds how many keys one DELETE removes, so the reaper never holds many
+	// locks or writes a large transaction. One reap job runs at most ten batches. Default 1000.
+	ReapBatchSize int
+
+	// Schema is the Postgres schema of idem's tables, as given to idem.Migrate with idem.Schema.
+	// Default "": search_path decides.
+	Schema string
+
+	// Logger receives what the background jobs cannot return to anyone: abandoned runs,
+	// reconciliations. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Engine runs workflows: it holds the database, the registered workflows and (through
+// [Engine.SetClient]) the application's River client, and its River workers resume runs whose
+// process died.
+//
+// Set it up once, beside the River client, so that the application keeps a single client:
+//
+//	engine, err := workflow.NewEngine(pool, &workflow.Config{Workflows: []workflow.Definition{Payout}})
+//	workers := river.NewWorkers()
+//	engine.AddWorkers(workers)
+//	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+//		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 50}},
+//		Workers:      workers,
+//		PeriodicJobs: engine.PeriodicJobs(),
+//	})
+//	engine.SetClient(client)
+//	err = client.Start(ctx)
+type Engine struct {
+	db        DB
+	cfg       Config
+	workflows map[string]Definition
+	st        *statements
+	client    atomic.Pointer[river.Client[pgx.Tx]]
+	log       *slog.Logger
+
+	// heartbeatOff stops lease renewals, to let tests play a paused process.
+	heartbeatOff atomic.Bool
+}
+
+// NewEngine returns an Engine for db. cfg may be nil for all defaults (and no workflows, which
+// is only useful for reaping). Invalid settings are reported by name.
+//
+//	engine, err := workflow.NewEngine(pool, &workflow.Config{
+//		Workflows: []workflow.Definition{Payout, Refund},
+//		Lease:     10 * time.Second,
+//	})
+func NewEngine(db DB, cfg *Config) (*Engine, error) {
+	if db == nil {
+		return nil, errors.New("workflow: db cannot be nil")
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if err := c.setDefaults(); err != nil {
+		return nil, err
+	}
+	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: statementsFor(c.Schema), log: c.Logger}
+	for i, d := range c.Workflows {
+		if d == nil {
+			return nil, fmt.Errorf("workflow: Workflows[%d] cannot be nil", i)
+		}
+		if _, dup := e.workflows[d.Name()]; dup {
+			return nil, fmt.Errorf("workflow: Workflows has %q twice; names must be unique", d.Name())
+		}
+		e.workflows[d.Name()] = d
+	}
+	return e, nil
+}
+
+func (c *Config) setDefaults() error {
+	dur := func(d *time.Duration, name string, def, floor time.Duration) error {
+		switch {
+		case *d == 0:
+			*d = def
+		case *d < floor:
+			return fmt.Errorf("workflow: %s cannot be less than %s (got %s)", name, floor, *d)
+		}
+		return nil
+	}
+	num := func(n *int, name string, def int) error {
+		switch {
+		case *n == 0:
+			*n = def
+		case *n < 0:
+			return fmt.Errorf("workflow: %s cannot be negative (got %d)", name, *n)
+		}
+		return nil
+	}
+	return errors.Join(
+		dur(&c.Lease, "Lease", DefaultLease, time.Second),
+		dur(&c.TTL, "TTL", idem.DefaultTTL, time.Second),
+		dur(&c.UnregisteredGrace, "UnregisteredGrace", DefaultUnregisteredGrace, 0),
+		dur(&c.ScanInterval, "ScanInterval", DefaultScanInterval, time.Second),
+		dur(&c.ReapInterval, "ReapInterval", DefaultReapInterval, time.Second),
+		num(&c.MaxAttempts, "MaxAttempts", DefaultMaxAttempts),
+		num(&c.ScanBatchSize, "ScanBatchSize", DefaultScanBatchSize),
+		num(&c.ReapBatchSize, "ReapBatchSize", DefaultReapBatchSize),
+		func() error {
+			if c.Queue == "" {
+				c.Queue = river.QueueDefault
+			}
+			if len(c.Schema) > 63 {
+				return fmt.Errorf("workflow: Schema cannot be longer than 63 bytes (got %q)", c.Schema)
+			}
+			if c.Logger == nil {
+				c.Logger = slog.Default()
+			}
+			return nil
+		}(),
+	)
+}
+
+// SetClient gives the engine the application's River client, which steps.Enqueue and the
+// recovery scan insert jobs with. Call it once the client exists (it needs the workers from
+// [Engine.AddWorkers], so it cannot exist before the engine). Inside River workers the engine
+// falls back to the client River puts in the context.
+//
+//	engine.SetClient(client)
+func (e *Engine) SetClient(client *river.Client[pgx.Tx]) { e.client.Store(client) }
+
+// riverClient returns the client for inserting jobs from ctx: the one given to SetClient, else
+// the one River puts in a worker's context.
+func (e *Engine) riverClient(ctx context.Context) (*river.Client[pgx.Tx], error) {
+	if c := e.client.Load(); c != nil {
+		return c, nil
+	}
+	if c, err := river.ClientFromContextSafely[pgx.Tx](ctx); err == nil {
+		return c, nil
+	}
+	return nil, errors.New("workflow: the engine has no River client; call Engine.SetClient once the client is created")
+}
+
+// DB returns the database the engine was created with.
+//
+//	var n int
+//	err := engine.DB().QueryRow(ctx, "SELECT count(*) FROM idem_steps").Scan(&n)
+func (e *Engine) DB() DB { return e.db }

@@ -1,0 +1,166 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// ReconcileReason says why a run could not simply be resumed.
+//
+//	if run.Reason == workflow.ReasonUnregistered { ... }
+type ReconcileReason string
+
+const (
+	// ReasonMaxAttempts: the run was started or taken over Config.MaxAttempts times without
+	// finishing (its processes kept dying, or its code keeps panicking or failing to match its
+	// history; StuckRun.LastError says which, when it is known).
+	ReasonMaxAttempts ReconcileReason = "max_attempts"
+
+	// ReasonUnregistered: no process with the run's workflow in Config.Workflows resumed it
+	// within Config.UnregisteredGrace (the workflow was removed or renamed by a deploy).
+	ReasonUnregistered ReconcileReason = "unregistered"
+)
+
+// StuckRun is a run handed to the reconcile hook.
+//
+//	var req PayoutReq
+//	err := json.Unmarshal(run.Input, &req)
+type StuckRun struct {
+	Workflow      string
+	Scope, ID     string
+	Input         json.RawMessage // the run's stored input
+	Attempts      int
+	RecoveryPoint string // name of the last completed step, "" if none
+	LastError     string // why the last attempt stopped, when known
+	Reason        ReconcileReason
+	Created       time.Time // when the run started
+}
+
+// StepKey returns the derived key of the run's step at position seq named name, as the step
+// saw it (see [StepKey]): the hook can ask an outside service what became of that call.
+//
+//	status, err := psp.Lookup(ctx, run.StepKey(2, "charge"))
+func (r *StuckRun) StepKey(seq int, name string) string {
+	return stepKey(r.Scope, r.ID, r.Created.UnixMicro(), seq, name)
+}
+
+// ReconcileFunc decides what becomes of a run that cannot be resumed: set it as
+// Config.Reconcile. It runs in a River job; when it returns an error, River retries the job. It
+// returns one of [ResumeLater], [Complete] or [Fail].
+//
+//	cfg.Reconcile = func(ctx context.Context, run *workflow.StuckRun) (workflow.Decision, error) {
+//		if run.Reason == workflow.ReasonUnregistered {
+//			return workflow.ResumeLater(time.Hour), nil // the rollout is not done yet
+//		}
+//		alert(ctx, run)
+//		return workflow.Fail(fmt.Errorf("gave up after %d attempts: %s", run.Attempts, run.LastError)), nil
+//	}
+type ReconcileFunc func(ctx context.Context, run *StuckRun) (Decision, error)
+
+// Decision is what a [ReconcileFunc] decided. Make one with ResumeLater, Complete or Fail.
+//
+//	var d workflow.Decision = workflow.ResumeLater(time.Hour)
+type Decision struct {
+	action   decisionAction
+	after    time.Duration
+	output   any
+	errorMsg string
+}
+
+type decisionAction int
+
+const (
+	actionFail decisionAction = iota
+	actionComplete
+	actionResume
+)
+
+// ResumeLater leaves the run in progress, to be resumed after d, with a fresh budget of
+// Config.MaxAttempts attempts.
+//
+//	return workflow.ResumeLater(30 * time.Minute), nil
+func ResumeLater(d time.Duration) Decision {
+	return Decision{action: actionResume, after: max(d, 0)}
+}
+
+// Complete ends the run as done with output, which every later call with its key gets as the
+// workflow's output; it must encode to JSON that decodes into the workflow's Out type.
+//
+//	return workflow.Complete(Receipt{Status: "settled-by-ops"}), nil
+func Complete(output any) Decision { return Decision{action: actionComplete, output: output} }
+
+// Fail ends the run as failed with err's message, which every later call with its key gets as
+// a *FailedError.
+//
+//	return workflow.Fail(errors.New("payout abandoned; refunded by support")), nil
+func Fail(err error) Decision {
+	msg := "failed by the reconcile hook"
+	if err != nil {
+		msg = err.Error()
+	}
+	return Decision{action: actionFail, errorMsg: msg}
+}
+
+// inspected is a run's row as the resume job reads it.
+type inspected struct {
+	state, workflow string
+	input           []byte
+	attempts        int
+	expired         *bool
+	token           *uuid.UUID
+	expiredFor      float64
+	recoveryPoint   string
+	lastError       string
+	created         int64
+}
+
+// reconcile asks the hook (or the default) what to do with a run that cannot be resumed and
+// applies the answer. The write is fenced like a takeover: it only lands if the run still has
+// the expired lease that was inspected.
+func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected, reason ReconcileReason) error {
+	run := &StuckRun{Workflow: row.workflow, Scope: scope, ID: id, Input: row.input, Attempts: row.attempts,
+		RecoveryPoint: row.recoveryPoint, LastError: row.lastError, Reason: reason, Created: time.UnixMicro(row.created)}
+	var d Decision
+	if e.cfg.Reconcile == nil {
+		d = Fail(defaultFailure(run, e.cfg))
+	} else {
+		var err error
+		if d, err = e.cfg.Reconcile(ctx, run); err != nil {
+			return fmt.Errorf("error in reconcile hook for key %q in scope %q: %w", id, scope, err)
+		}
+	}
+
+	var err error
+	switch d.action {
+	case actionResume:
+		_, err = e.db.Exec(ctx, e.st.reconcileResume, scope, id, row.token, d.after.Microseconds())
+	case actionComplete:
+		data, merr := json.Marshal(d.output)
+		if merr != nil {
+			return fmt.Errorf("error encoding the reconcile hook's output of type %T as JSON: %w", d.output, merr)
+		}
+		_, err = e.db.Exec(ctx, e.st.reconcileEnd, scope, id, row.token, "done", data, e.cfg.TTL.Microseconds())
+	default:
+		_, err = e.db.Exec(ctx, e.st.reconcileEnd, scope, id, row.token, "failed", encodeFailure(d.errorMsg), e.cfg.TTL.Microseconds())
+	}
+	if err != nil {
+		return fmt.Errorf("error storing reconciliation of key %q in scope %q: %w", id, scope, err)
+	}
+	e.log.InfoContext(ctx, "workflow: run reconciled", "workflow", row.workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.attempts)
+	return nil
+}
+
+func defaultFailure(run *StuckRun, cfg Config) error {
+	if run.Reason == ReasonUnregistered {
+		return fmt.Errorf("workflow %q is not registered in any process that looked at the run within %s, so the run was failed", run.Workflow, cfg.UnregisteredGrace)
+	}
+	if run.LastError != "" {
+		return fmt.Errorf("run was given up after %d attempts; last error: %s", run.Attempts, run.LastError)
+	}
+	return errors.New("run was given up after " + plural(run.Attempts, "attempt") + " without finishing")
+}

@@ -1,0 +1,290 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/steps"
+	"github.com/idemkit/idem/workflow"
+)
+
+// TestRecoveryAfterAbandon stops a run at every step boundary by cancelling its context, which
+// leaves the run with its lease as a dead process would, and lets River resume it.
+func TestRecoveryAfterAbandon(t *testing.T) {
+	t.Parallel()
+
+	points := []string{
+		"before:reserve", "in:reserve", // before the step; after its write, before its commit
+		"before:charge", "in:charge", // after the outside effect, before the checkpoint
+		"before:settle", "in:settle",
+		"end", // after the last step, before the outcome is stored
+	}
+	for _, point := range points {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			key := idem.Key{Scope: "merchant:7", ID: "k1"}
+			req := transferReq{Amount: 7, Note: "abandon"}
+
+			ctx, cancel := context.WithCancel(b.ctx)
+			wf := newTransfer(b.pool, crashOnceAt(point, cancel))
+			e := b.engine(t, fastConfig(wf))
+			_, err := wf.Run(ctx, e, key, req, nil)
+			require.ErrorIs(t, err, context.Canceled)
+			state, _ := b.state(t, key)
+			require.Equal(t, "running", state)
+
+			b.startRiver(t, e)
+			require.Equal(t, "done", b.waitFinished(t, key))
+			r, err := wf.Run(b.ctx, e, key, req, nil)
+			require.NoError(t, err)
+			require.Equal(t, 7, r.Amount)
+			b.checkTransfer(t, r)
+			_, attempts := b.state(t, key)
+			require.Equal(t, 2, attempts)
+		})
+	}
+}
+
+// TestRunTakesOverAnExpiredLease: a client's retry resumes a run whose process died, without
+// waiting for the recovery scan.
+func TestRunTakesOverAnExpiredLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := idem.Key{Scope: "s", ID: "k1"}
+	req := transferReq{Amount: 1, Note: "x"}
+	ctx, cancel := context.WithCancel(b.ctx)
+	wf := newTransfer(b.pool, crashOnceAt("in:charge", cancel))
+	e := b.engine(t, fastConfig(wf))
+	_, err := wf.Run(ctx, e, key, req, nil)
+	require.ErrorIs(t, err, context.Canceled)
+
+	_, err = wf.Run(b.ctx, e, key, req, nil)
+	var inflight *idem.InFlightError
+	require.ErrorAs(t, err, &inflight, "the lease is still live")
+
+	b.waitLeaseExpired(t, key)
+	r, err := wf.Run(b.ctx, e, key, req, nil)
+	require.NoError(t, err)
+	b.checkTransfer(t, r)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM calls`), "the charge ran again, with the same key")
+}
+
+func TestReconcile(t *testing.T) {
+	t.Parallel()
+
+	key := idem.Key{Scope: "s", ID: "k1"}
+
+	// dying returns a workflow whose first attempt dies after its first step.
+	dying := func(cancel context.CancelFunc) *workflow.Workflow[int, string] {
+		var died atomic.Bool
+		return workflow.Define("dying", func(ctx context.Context, in int) (string, error) {
+			if _, err := steps.Call(ctx, "first", func(ctx context.Context, key string) (int, error) { return 1, nil }, nil); err != nil {
+				return "", err
+			}
+			if died.CompareAndSwap(false, true) {
+				cancel()
+				return "", ctx.Err()
+			}
+			return "finished", nil
+		})
+	}
+
+	for _, tt := range []struct {
+		name      string
+		hook      func(calls *atomic.Int32) workflow.ReconcileFunc
+		wantState string
+		check     func(t *testing.T, out string, err error)
+	}{
+		{
+			name:      "WithoutHookTheRunFails",
+			wantState: "failed",
+			check: func(t *testing.T, _ string, err error) {
+				require.ErrorIs(t, err, workflow.ErrFailed)
+				require.ErrorContains(t, err, "given up after 1 attempt")
+			},
+		},
+		{
+			name: "HookCompletes",
+			hook: func(calls *atomic.Int32) workflow.ReconcileFunc {
+				return func(ctx context.Context, run *workflow.StuckRun) (workflow.Decision, error) {
+					calls.Add(1)
+					if run.Reason != workflow.ReasonMaxAttempts || run.RecoveryPoint != "first" || run.Attempts != 1 {
+						return workflow.Decision{}, errors.New("unexpected stuck run")
+					}
+					return workflow.Complete("settled by ops"), nil
+				}
+			},
+			wantState: "done",
+			check: func(t *testing.T, out string, err error) {
+				require.NoError(t, err)
+				require.Equal(t, "settled by ops", out)
+			},
+		},
+		{
+			name: "HookFails",
+			hook: func(calls *atomic.Int32) workflow.ReconcileFunc {
+				return func(ctx context.Context, run *workflow.StuckRun) (workflow.Decision, error) {
+					calls.Add(1)
+					return workflow.Fail(errors.New("refunded by support")), nil
+				}
+			},
+			wantState: "failed",
+			check: func(t *testing.T, _ string, err error) {
+				require.ErrorIs(t, err, workflow.ErrFailed)
+				require.ErrorContains(t, err, "refunded by support")
+			},
+		},
+		{
+			name: "HookResumesLater",
+			hook: func(calls *atomic.Int32) workflow.ReconcileFunc {
+				return func(ctx context.Context, run *workflow.StuckRun) (workflow.Decision, error) {
+					calls.Add(1)
+					return workflow.ResumeLater(0), nil
+				}
+			},
+			wantState: "done",
+			check: func(t *testing.T, out string, err error) {
+				require.NoError(t, err)
+				require.Equal(t, "finished", out)
+			},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx, cancel := context.WithCancel(b.ctx)
+			wf := dying(cancel)
+			cfg := fastConfig(wf)
+			cfg.MaxAttempts = 1
+			var calls atomic.Int32
+			if tt.hook != nil {
+				cfg.Reconcile = tt.hook(&calls)
+			}
+			e := b.engine(t, cfg)
+			_, err := wf.Run(ctx, e, key, 1, nil)
+			require.ErrorIs(t, err, context.Canceled)
+
+			b.startRiver(t, e)
+			require.Equal(t, tt.wantState, b.waitFinished(t, key))
+			if tt.hook != nil {
+				require.EqualValues(t, 1, calls.Load())
+			}
+			out, err := wf.Run(b.ctx, e, key, 1, nil)
+			tt.check(t, out, err)
+		})
+	}
+
+	t.Run("UnregisteredWorkflowAfterGrace", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A run of a workflow this deployment does not have, whose process died.
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO idem_keys (scope, id, state, workflow, input, lease_token, locked_until, attempts, expires_at)
+VALUES ('s', 'ghost', 'running', 'ghost', '1', gen_random_uuid(), now() - interval '1 second', 1, now() + interval '1 day')`)
+		require.NoError(t, err)
+		cfg := fastConfig()
+		cfg.UnregisteredGrace = 2 * time.Second
+		var seen atomic.Pointer[workflow.StuckRun]
+		cfg.Reconcile = func(ctx context.Context, run *workflow.StuckRun) (workflow.Decision, error) {
+			seen.Store(run)
+			return workflow.Fail(errors.New("workflow removed")), nil
+		}
+		e := b.engine(t, cfg)
+		start := time.Now()
+		b.startRiver(t, e)
+		ghost := idem.Key{Scope: "s", ID: "ghost"}
+		require.Equal(t, "failed", b.waitFinished(t, ghost))
+		require.GreaterOrEqual(t, time.Since(start), 900*time.Millisecond, "the grace period must be honoured")
+		require.Equal(t, workflow.ReasonUnregistered, seen.Load().Reason)
+		require.Equal(t, "ghost", seen.Load().Workflow)
+	})
+}
+
+func TestReaper(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO idem_keys (scope, id, state, workflow, result, expires_at) VALUES
+	('s', 'do-expired', 'done', NULL, '1', now() - interval '1 second'),
+	('s', 'wf-done-expired', 'done', 'w', '1', now() - interval '1 second'),
+	('s', 'wf-failed-expired', 'failed', 'w', '{"error":"x"}', now() - interval '1 second'),
+	('s', 'do-live', 'done', NULL, '1', now() + interval '1 hour'),
+	('s', 'wf-done-live', 'done', 'w', '1', now() + interval '1 hour');
+INSERT INTO idem_keys (scope, id, state, workflow, lease_token, locked_until, expires_at) VALUES
+	('s', 'wf-running-expired', 'running', 'w', gen_random_uuid(), now() + interval '1 hour', now() - interval '1 second');
+INSERT INTO idem_steps (scope, id, seq, name, kind, output) VALUES
+	('s', 'wf-done-expired', 1, 'a', 'tx', '1'),
+	('s', 'wf-done-live', 1, 'a', 'tx', '1'),
+	('s', 'wf-running-expired', 1, 'a', 'tx', '1')`)
+	require.NoError(t, err)
+	// Make the batch smaller than the work, so that batching is exercised.
+	cfg := fastConfig()
+	cfg.ReapBatchSize = 2
+	e := b.engine(t, cfg)
+
+	n, err := workflow.Reap(b.ctx, e)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	rows, err := b.pool.Query(b.ctx, `SELECT id FROM idem_keys ORDER BY id`)
+	require.NoError(t, err)
+	var left []string
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		left = append(left, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"do-live", "wf-done-live", "wf-running-expired"}, left)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`), "steps go with their key")
+
+	// And through River, as the periodic job.
+	_, err = b.pool.Exec(b.ctx, `UPDATE idem_keys SET expires_at = now() - interval '1 second' WHERE id = 'do-live'`)
+	require.NoError(t, err)
+	b.startRiver(t, e)
+	eventually(t, 10*time.Second, "the periodic reaper", func() bool {
+		return b.count(t, `SELECT count(*) FROM idem_keys WHERE id = 'do-live'`) == 0
+	})
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_keys`))
+}
+
+// TestStartTx starts runs in the caller's transaction: a committed start runs in the background
+// through River, a rolled-back one leaves nothing.
+func TestStartTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := newTransfer(b.pool, nil)
+	e := b.engine(t, fastConfig(wf))
+	b.startRiver(t, e)
+	key := idem.Key{Scope: "s", ID: "bg"}
+	req := transferReq{Amount: 3, Note: "bg"}
+
+	rolledBack := idem.Key{Scope: "s", ID: "rolled-back"}
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	require.NoError(t, wf.StartTx(b.ctx, e, tx, rolledBack, req))
+	require.NoError(t, tx.Rollback(b.ctx))
+
+	for range 2 { // starting twice is starting once
+		tx, err := b.pool.Begin(b.ctx)
+		require.NoError(t, err)
+		require.NoError(t, wf.StartTx(b.ctx, e, tx, key, req))
+		require.NoError(t, tx.Commit(b.ctx))
+	}
+	tx, err = b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	require.ErrorIs(t, wf.StartTx(b.ctx, e, tx, key, transferReq{Amount: 4, Note: "bg"}), idem.ErrMismatch)
+	require.NoError(t, tx.Rollback(b.ctx))
+
+	require.Equal(t, "done", b.waitFinished(t, key))
+	r, err := wf.Run(b.ctx, e, key, req, nil)
+	require.NoError(t, err)
+	b.checkTransfer(t, r)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys WHERE id = 'rolled-back'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'idem_workflow_resume'`))
+}

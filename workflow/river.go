@@ -1,0 +1,204 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+)
+
+// ResumeArgs is the River job that resumes one run whose lease expired. The recovery scan
+// inserts it; it is unique by all its fields, so a run gets one resume job per expired lease,
+// however many scans see it, and a new one if it gets stuck again later.
+//
+//	jobs, err := client.JobList(ctx, river.NewJobListParams().Kinds(workflow.ResumeArgs{}.Kind()))
+type ResumeArgs struct {
+	Scope       string `json:"scope"`
+	ID          string `json:"id"`
+	Attempt     int    `json:"attempt"`      // the run's attempts when the scan saw it
+	LeaseExpiry int64  `json:"lease_expiry"` // the expired lease, in µs since the epoch
+}
+
+// Kind implements river.JobArgs.
+func (ResumeArgs) Kind() string { return "idem_workflow_resume" }
+
+// ScanArgs is the periodic River job that looks for runs whose lease expired. It is inserted by
+// the periodic job from [Engine.PeriodicJobs]; insert one yourself to scan at once:
+//
+//	_, err := client.Insert(ctx, workflow.ScanArgs{}, nil)
+type ScanArgs struct{}
+
+// Kind implements river.JobArgs.
+func (ScanArgs) Kind() string { return "idem_workflow_scan" }
+
+// ReapArgs is the periodic River job that deletes expired keys. Insert one to reap at once:
+//
+//	_, err := client.Insert(ctx, workflow.ReapArgs{}, nil)
+type ReapArgs struct{}
+
+// Kind implements river.JobArgs.
+func (ReapArgs) Kind() string { return "idem_reap" }
+
+// AddWorkers registers the engine's River workers (resume, scan, reap) in the application's
+// workers bundle. Run them in the application's own River client: two clients in one schema
+// discard each other's jobs.
+//
+//	workers := river.NewWorkers()
+//	river.AddWorker(workers, &SendMailWorker{})
+//	if err := engine.AddWorkers(workers); err != nil {
+//		return err
+//	}
+func (e *Engine) AddWorkers(workers *river.Workers) error {
+	return errors.Join(
+		river.AddWorkerSafely[ResumeArgs](workers, &resumeWorker{e: e}),
+		river.AddWorkerSafely[ScanArgs](workers, &scanWorker{e: e}),
+		river.AddWorkerSafely[ReapArgs](workers, &reapWorker{e: e}),
+	)
+}
+
+// PeriodicJobs returns the engine's periodic jobs, the recovery scan (every ScanInterval) and
+// the reaper (every ReapInterval), for river.Config.PeriodicJobs. River runs periodic jobs on
+// its elected leader, so each runs once per interval in the whole cluster.
+//
+//	config := &river.Config{
+//		Workers:      workers,
+//		PeriodicJobs: append(myPeriodicJobs, engine.PeriodicJobs()...),
+//	}
+func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
+	q := e.cfg.Queue
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(e.cfg.ScanInterval), func() (river.JobArgs, *river.InsertOpts) {
+			return ScanArgs{}, &river.InsertOpts{Queue: q, UniqueOpts: river.UniqueOpts{ByPeriod: e.cfg.ScanInterval}}
+		}, &river.PeriodicJobOpts{ID: "idem_workflow_scan", RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(e.cfg.ReapInterval), func() (river.JobArgs, *river.InsertOpts) {
+			return ReapArgs{}, &river.InsertOpts{Queue: q, UniqueOpts: river.UniqueOpts{ByPeriod: e.cfg.ReapInterval}}
+		}, &river.PeriodicJobOpts{ID: "idem_reap", RunOnStart: true}),
+	}
+}
+
+type scanWorker struct {
+	river.WorkerDefaults[ScanArgs]
+	e *Engine
+}
+
+func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error { return w.e.scan(ctx) }
+
+// scan inserts a resume job for each run whose lease expired, in the transaction that holds
+// those runs with FOR UPDATE SKIP LOCKED: a run is either handed to a job or left for the next
+// scan, and two scans never fight over one run.
+func (e *Engine) scan(ctx context.Context) error {
+	client, err := e.riverClient(ctx)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+		rows, err := t.Query(ctx, e.st.scan, e.cfg.ScanBatchSize)
+		if err != nil {
+			return fmt.Errorf("error scanning for runs to resume: %w", err)
+		}
+		params, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (river.InsertManyParams, error) {
+			var a ResumeArgs
+			err := r.Scan(&a.Scope, &a.ID, &a.Attempt, &a.LeaseExpiry)
+			return river.InsertManyParams{Args: a, InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}}}, err
+		})
+		if err != nil {
+			return fmt.Errorf("error scanning for runs to resume: %w", err)
+		}
+		if len(params) == 0 {
+			return nil
+		}
+		if _, err := client.InsertManyTx(ctx, t, params); err != nil {
+			return fmt.Errorf("error inserting resume jobs: %w", err)
+		}
+		return nil
+	})
+}
+
+type resumeWorker struct {
+	river.WorkerDefaults[ResumeArgs]
+	e *Engine
+}
+
+// Timeout is -1 because a run's liveness is its lease, renewed while it works: River's job
+// timeout would cut long workflows short for nothing.
+func (w *resumeWorker) Timeout(*river.Job[ResumeArgs]) time.Duration { return -1 }
+
+func (w *resumeWorker) Work(ctx context.Context, job *river.Job[ResumeArgs]) error {
+	return w.e.resume(ctx, job.Args.Scope, job.Args.ID)
+}
+
+// resume continues a run whose lease expired, or reconciles it when it cannot be continued.
+// Errors that stop the run are logged, not returned: the run's lease is what brings it back,
+// through the next scan, with its attempts counted.
+func (e *Engine) resume(ctx context.Context, scope, id string) error {
+	var row inspected
+	err := e.db.QueryRow(ctx, e.st.inspect, scope, id).Scan(&row.state, &row.workflow, &row.input, &row.attempts,
+		&row.expired, &row.token, &row.expiredFor, &row.recoveryPoint, &row.lastError, &row.created)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("error looking up run: %w", err)
+	}
+	if row.state != "running" || row.expired == nil || !*row.expired {
+		return nil // finished, or owned by a live process
+	}
+
+	def, ok := e.workflows[row.workflow]
+	switch {
+	case !ok:
+		grace := e.cfg.UnregisteredGrace.Seconds()
+		if row.expiredFor < grace {
+			// Another deployment may know the workflow (a rolling deploy): look again later.
+			wait := time.Duration(math.Min(grace-row.expiredFor, e.cfg.ScanInterval.Seconds()*4)*float64(time.Second)) + 100*time.Millisecond
+			return river.JobSnooze(wait)
+		}
+		return e.reconcile(ctx, scope, id, &row, ReasonUnregistered)
+	case row.attempts >= e.cfg.MaxAttempts:
+		return e.reconcile(ctx, scope, id, &row, ReasonMaxAttempts)
+	}
+
+	rs, input, err := e.takeOver(ctx, def, scope, id, row.token)
+	if err != nil || rs == nil {
+		return err
+	}
+	if _, err := e.execute(ctx, rs, input); err != nil && !errors.Is(err, ErrFailed) {
+		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", err)
+	}
+	return nil
+}
+
+type reapWorker struct {
+	river.WorkerDefaults[ReapArgs]
+	e *Engine
+}
+
+func (w *reapWorker) Work(ctx context.Context, _ *river.Job[ReapArgs]) error {
+	_, err := w.e.reap(ctx)
+	return err
+}
+
+// maxReapBatches bounds one reap job, so that a large backlog is worked off over several jobs
+// instead of one long one.
+const maxReapBatches = 10
+
+// reap deletes expired, finished keys, idem.Do's and workflows' alike, in batches of
+// ReapBatchSize, each its own short transaction.
+func (e *Engine) reap(ctx context.Context) (int64, error) {
+	var total int64
+	for range maxReapBatches {
+		tag, err := e.db.Exec(ctx, e.st.reap, e.cfg.ReapBatchSize)
+		if err != nil {
+			return total, fmt.Errorf("error deleting expired keys: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(e.cfg.ReapBatchSize) {
+			break
+		}
+	}
+	return total, nil
+}

@@ -1,0 +1,371 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/tx"
+)
+
+// Step defaults, used when the StepOpts field is zero.
+//
+//	opts := &steps.Opts{MaxAttempts: 2 * workflow.DefaultStepMaxAttempts}
+const (
+	DefaultStepMaxAttempts = 3
+	DefaultStepMinBackoff  = 100 * time.Millisecond
+	DefaultStepMaxBackoff  = 10 * time.Second
+)
+
+// StepOpts configure how a step retries within a run. nil means the defaults. Package steps
+// passes them through; see steps.Opts.
+//
+//	steps.Call(ctx, "charge", charge, &workflow.StepOpts{MaxAttempts: 5, Timeout: 10 * time.Second})
+type StepOpts struct {
+	// MaxAttempts bounds how many times the step runs within one run before it fails for good
+	// with a *StepError (which is stored, so a resumed run gets the same error). An error marked
+	// permanent (it has a Retryable() bool method returning false, as steps.Permanent makes) is
+	// not retried. Default 3; 1 means no retry.
+	MaxAttempts int
+
+	// MinBackoff and MaxBackoff bound the wait between attempts: a random duration up to
+	// MinBackoff·2^(n-1), capped at MaxBackoff ("full jitter"). Defaults 100ms and 10s.
+	MinBackoff, MaxBackoff time.Duration
+
+	// Timeout bounds each attempt; an attempt that runs out counts as failed. Default 0: no
+	// bound beyond the workflow's context.
+	Timeout time.Duration
+}
+
+func (o *StepOpts) withDefaults() (StepOpts, error) {
+	var c StepOpts
+	if o != nil {
+		c = *o
+	}
+	switch {
+	case c.MaxAttempts < 0:
+		return c, fmt.Errorf("workflow: StepOpts.MaxAttempts cannot be negative (got %d)", c.MaxAttempts)
+	case c.MinBackoff < 0 || c.MaxBackoff < 0 || c.Timeout < 0:
+		return c, errors.New("workflow: StepOpts durations cannot be negative")
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultStepMaxAttempts
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = DefaultStepMinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = max(DefaultStepMaxBackoff, c.MinBackoff)
+	}
+	if c.MaxBackoff < c.MinBackoff {
+		return c, errors.New("workflow: StepOpts.MaxBackoff cannot be less than MinBackoff")
+	}
+	return c, nil
+}
+
+func (o *StepOpts) backoff(attempt int) time.Duration {
+	ceiling := o.MinBackoff
+	for i := 1; i < attempt && ceiling < o.MaxBackoff; i++ {
+		ceiling *= 2
+	}
+	ceiling = min(ceiling, o.MaxBackoff)
+	if ceiling <= 0 {
+		return 0
+	}
+	return rand.N(ceiling) + 1
+}
+
+// StepInfo describes the step being run, for the step kinds in package steps.
+//
+//	workflow.RunStep(ctx, "call", "mail", nil, func(ctx context.Context, info *workflow.StepInfo) ([]byte, error) {
+//		log.Printf("step %s #%d attempt %d key %s", info.Name, info.Seq, info.Attempt, info.Key)
+//		return []byte("null"), nil
+//	})
+type StepInfo struct {
+	Kind    string // "tx", "call", "enqueue", ...
+	Name    string
+	Seq     int    // position in the run, from 1
+	Attempt int    // 1 for the first attempt within this process's part of the run
+	Key     string // derived key; see StepKey
+
+	rs *runState
+}
+
+// RiverClient returns the application's River client, for step kinds that insert jobs.
+//
+//	client, err := info.RiverClient(ctx)
+//	_, err = client.InsertTx(ctx, tx, args, nil)
+func (s *StepInfo) RiverClient(ctx context.Context) (*river.Client[pgx.Tx], error) {
+	return s.rs.e.riverClient(ctx)
+}
+
+// StepKeyNamespace is the UUID namespace of derived step keys (see [StepKey]).
+//
+//	key := uuid.NewSHA1(workflow.StepKeyNamespace, data).String()
+var StepKeyNamespace = uuid.MustParse("4230bd19-b1e3-5e84-8235-aedfa4a8cfc1")
+
+// StepKey is the idempotency key a step hands to an outside service: a name-based UUID
+// (version 5, RFC 9562) in [StepKeyNamespace] over the run's key, the run's creation time in
+// microseconds since the Unix epoch, the step's position and its name, joined by NUL bytes:
+//
+//	scope "\x00" id "\x00" created_at_µs "\x00" seq "\x00" name
+//
+// It is the same on every attempt and every resume of the step, differs between steps and
+// between runs, and fits everywhere a UUID-shaped idempotency key is accepted. The creation time
+// is in it so that a key reused after its TTL (a new run) does not collide with the old run's
+// keys in a service that remembers them longer than we do.
+//
+//	key := workflow.StepKey(idem.Key{Scope: "merchant:7", ID: "req-1"}, createdAt, 2, "charge")
+func StepKey(key idem.Key, runCreated time.Time, seq int, name string) string {
+	return stepKey(key.Scope, key.ID, runCreated.UnixMicro(), seq, name)
+}
+
+func stepKey(scope, id string, created int64, seq int, name string) string {
+	b := make([]byte, 0, len(scope)+len(id)+len(name)+40)
+	b = append(b, scope...)
+	b = append(b, 0)
+	b = append(b, id...)
+	b = append(b, 0)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, 0)
+	b = strconv.AppendInt(b, int64(seq), 10)
+	b = append(b, 0)
+	b = append(b, name...)
+	return uuid.NewSHA1(StepKeyNamespace, b).String()
+}
+
+// RunStep runs one step of kind whose work happens outside Postgres (steps.Call is built on
+// it): body runs, with retries as opts say, and its output is then checkpointed in a
+// transaction of its own, fenced by the run's lease. If the run's history already holds the
+// step, body does not run and the stored output (or stored *StepError) is returned. Package
+// steps is the intended caller; use it unless you are writing a new kind of step.
+//
+//	out, err := workflow.RunStep(ctx, "call", "charge", nil, func(ctx context.Context, info *workflow.StepInfo) ([]byte, error) {
+//		return json.Marshal(charge(ctx, info.Key))
+//	})
+func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, info *StepInfo) ([]byte, error)) ([]byte, error) {
+	return runStep(ctx, kind, name, opts, func(ctx context.Context, s *StepInfo) ([]byte, error) {
+		out, err := body(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.rs.checkpoint(ctx, s, out, nil); err != nil {
+			return nil, err
+		}
+		return out, nil
+	})
+}
+
+// RunStepTx runs one step of kind whose work is a Postgres transaction (steps.Tx and
+// steps.Enqueue are built on it): body runs in a transaction, and the step's checkpoint is
+// written in the same transaction, fenced by the run's lease, so the step's writes commit
+// exactly once. Postgres's serialization failures and deadlocks rerun the transaction (as
+// tx.Run does); other errors are retried as opts say. If the run's history already holds the
+// step, body does not run and the stored output is returned.
+//
+//	out, err := workflow.RunStepTx(ctx, "tx", "reserve", nil, func(ctx context.Context, t pgx.Tx, info *workflow.StepInfo) ([]byte, error) {
+//		_, err := t.Exec(ctx, "UPDATE accounts SET held = held + 10 WHERE id = 1")
+//		return []byte("null"), err
+//	})
+func RunStepTx(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
+	return runStep(ctx, kind, name, opts, func(ctx context.Context, s *StepInfo) ([]byte, error) {
+		var out []byte
+		runs := 0
+		err := tx.Run(ctx, s.rs.e.db, func(ctx context.Context, t pgx.Tx) error {
+			runs++
+			if runs > 1 {
+				// An earlier COMMIT may have landed without us hearing of it: if so, it is
+				// the step's outcome, and running body again would do its writes twice.
+				if rec, ok, err := s.rs.storedStep(ctx, t, s.Seq); err != nil || ok {
+					out = rec.output
+					return err
+				}
+			}
+			tx.MarkIdempotent(ctx)
+			o, err := body(ctx, t, s)
+			if err != nil {
+				return err
+			}
+			out = o
+			return s.rs.checkpointTx(ctx, t, s, o, nil)
+		})
+		return out, err
+	})
+}
+
+// runStep is the part all step kinds share: the place in the history, replay, retries, and
+// telling the workflow's failures from the machinery's.
+func runStep(ctx context.Context, kind, name string, opts *StepOpts, attempt func(ctx context.Context, s *StepInfo) ([]byte, error)) ([]byte, error) {
+	rs, ok := runFrom(ctx)
+	if !ok {
+		return nil, fmt.Errorf("workflow: step %q was called outside a workflow: ctx must be (or derive from) the context a workflow function receives", name)
+	}
+	if name == "" || len(name) > 255 {
+		return nil, errors.New("workflow: step name must be 1 to 255 bytes")
+	}
+	cfg, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if cause := context.Cause(ctx); cause != nil {
+		return nil, rs.stop(cause)
+	}
+
+	rs.mu.Lock()
+	if rs.stopErr != nil {
+		defer rs.mu.Unlock()
+		return nil, rs.stopErr
+	}
+	if rs.busy != "" {
+		busy := rs.busy
+		rs.mu.Unlock()
+		return nil, rs.stop(&machineryError{fmt.Errorf("workflow: step %q was called while step %q is running; steps of a run must be called one at a time, so that their order is the same on every resume", name, busy)})
+	}
+	seq := rs.next
+	rs.next++
+	rs.busy = name
+	rs.mu.Unlock()
+	defer func() {
+		rs.mu.Lock()
+		rs.busy = ""
+		rs.mu.Unlock()
+	}()
+
+	if seq <= len(rs.history) {
+		rec := rs.history[seq-1]
+		if rec.name != name || rec.kind != kind {
+			return nil, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.kind + ":" + rec.name, Called: kind + ":" + name})
+		}
+		if rec.errMsg != nil {
+			return nil, &StepError{Step: name, Seq: seq, Attempts: rec.attempts, Message: *rec.errMsg}
+		}
+		return rec.output, nil
+	}
+
+	info := &StepInfo{Kind: kind, Name: name, Seq: seq, Key: stepKey(rs.scope, rs.id, rs.created, seq, name), rs: rs}
+	for n := 1; ; n++ {
+		info.Attempt = n
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if cfg.Timeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+		}
+		out, err := attempt(actx, info)
+		cancel()
+		if err == nil {
+			return out, nil
+		}
+		var mErr *machineryError
+		switch {
+		case rs.stopped() != nil:
+			return nil, rs.stopped()
+		case context.Cause(ctx) != nil:
+			return nil, rs.stop(context.Cause(ctx))
+		case errors.As(err, &mErr), errors.Is(err, tx.ErrCommitUnknown):
+			return nil, rs.stop(err)
+		}
+		if n >= cfg.MaxAttempts || isPermanent(err) {
+			msg := err.Error()
+			if cerr := rs.checkpoint(ctx, info, nil, &msg); cerr != nil {
+				return nil, cerr
+			}
+			return nil, &StepError{Step: name, Seq: seq, Attempts: n, Message: msg}
+		}
+		if serr := sleepCtx(ctx, cfg.backoff(n)); serr != nil {
+			return nil, rs.stop(context.Cause(ctx))
+		}
+	}
+}
+
+// isPermanent reports whether err says it is not worth retrying: something in its chain has a
+// Retryable() bool method that returns false (as steps.Permanent errors do).
+func isPermanent(err error) bool {
+	var r interface{ Retryable() bool }
+	return errors.As(err, &r) && !r.Retryable()
+}
+
+// checkpointTx writes the step's row in t if rs still holds the lease; otherwise it stops the
+// run with ErrLeaseLost, and t must be rolled back.
+func (rs *runState) checkpointTx(ctx context.Context, t pgx.Tx, s *StepInfo, output []byte, errMsg *string) error {
+	tag, err := t.Exec(ctx, rs.e.st.checkpoint, rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg,
+		rs.e.cfg.Lease.Microseconds(), s.Attempt)
+	if err != nil {
+		if tx.IsRetryable(err) {
+			return err // tx.Run reruns the transaction
+		}
+		return &machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)}
+	}
+	if tag.RowsAffected() == 0 {
+		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", s.Name, ErrLeaseLost))
+	}
+	return nil
+}
+
+// checkpoint writes the step's row on its own: one statement, so no transaction around it.
+// If its acknowledgement is lost, the run stops and a resume reads the history to see whether
+// it landed.
+func (rs *runState) checkpoint(ctx context.Context, s *StepInfo, output []byte, errMsg *string) error {
+	tag, err := rs.e.db.Exec(ctx, rs.e.st.checkpoint, rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg,
+		rs.e.cfg.Lease.Microseconds(), s.Attempt)
+	switch {
+	case err != nil:
+		return rs.stop(&machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)})
+	case tag.RowsAffected() == 0:
+		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", s.Name, ErrLeaseLost))
+	}
+	return nil
+}
+
+func (rs *runState) storedStep(ctx context.Context, t pgx.Tx, seq int) (stepRecord, bool, error) {
+	rec := stepRecord{seq: seq}
+	err := t.QueryRow(ctx, rs.e.st.stepLookup, rs.scope, rs.id, seq).Scan(&rec.output, &rec.errMsg, &rec.attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return rec, false, nil
+	}
+	if err != nil {
+		return rec, false, &machineryError{fmt.Errorf("workflow: error looking for step #%d: %w", seq, err)}
+	}
+	return rec, true, nil
+}
+
+type storedFailure struct {
+	Error string `json:"error"`
+}
+
+func encodeFailure(msg string) []byte {
+	data, _ := json.Marshal(storedFailure{Error: msg}) // a struct of one string always encodes
+	return data
+}
+
+func failedFromStored(name string, key idem.Key, result []byte) error {
+	var f storedFailure
+	if err := json.Unmarshal(result, &f); err != nil {
+		f.Error = string(result)
+	}
+	return &FailedError{Workflow: name, Scope: key.Scope, ID: key.ID, Message: f.Error}
+}
+
+// StopRun stops the run under ctx without storing an outcome, as a lost lease does, and returns
+// err for the caller to pass up. Use it in a step kind for failures that a change of code, not
+// a retry, must fix, such as a stored output that no longer decodes into the step's type: the
+// run stays in progress, its history intact, and is resumed (or reconciled) later. Outside a
+// workflow it returns err unchanged.
+//
+//	if err := json.Unmarshal(stored, &v); err != nil {
+//		return v, workflow.StopRun(ctx, fmt.Errorf("stored output does not fit %T: %w", v, err))
+//	}
+func StopRun(ctx context.Context, err error) error {
+	rs, ok := runFrom(ctx)
+	if !ok || err == nil {
+		return err
+	}
+	return rs.stop(&machineryError{err})
+}
