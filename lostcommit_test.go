@@ -74,6 +74,21 @@ func TestLostCommit(t *testing.T) {
 		}
 	}
 
+	// A single *pgx.Conn dies with the lost COMMIT, so Run cannot retry on it: it must say the
+	// outcome is unknown, never report a plain failure for a COMMIT that landed.
+	t.Run("IdemRunOnAConnReportsUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		proxy, pool := proxied(t, b)
+		conn, err := pgx.Connect(b.ctx, pool.Config().ConnConfig.ConnString())
+		require.NoError(t, err)
+		defer conn.Close(b.ctx)
+		proxy.LoseNextCommitReply()
+		_, err = idem.Run(b.ctx, conn, idem.Key{Scope: "s", ID: "k1"}, recordEffect("k1", "x", nil))
+		require.ErrorIs(t, err, tx.ErrCommitUnknown)
+		require.Equal(t, 1, b.effects(t, "k1"), "and indeed it had landed")
+	})
+
 	t.Run("WithoutDoTheOutcomeIsUnknown", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -31,7 +31,7 @@ import (
 // works too, through tx.Run and Do, at the ordinary cost.
 //
 // fn's transaction is Run's: fn must not commit or roll it back (those calls return an error),
-// and its LargeObjects are not available.
+// and it must not be used after fn returns. Savepoints (Begin) work as with any pgx.Tx.
 //
 //	receipt, err := idem.Run(ctx, pool, idem.Key{Scope: "customer:42", ID: key},
 //		func(ctx context.Context, t pgx.Tx) (Receipt, error) {
@@ -51,6 +51,7 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 	}
 
 	var acquire func(ctx context.Context) (*pgx.Conn, func(), error)
+	reusable := true // false for a *pgx.Conn: once dead, it stays dead
 	switch d := db.(type) {
 	case nil:
 		return zero, errors.New("idem: Run needs a database; db is nil")
@@ -58,12 +59,18 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 		acquire = func(ctx context.Context) (*pgx.Conn, func(), error) {
 			c, err := d.Acquire(ctx)
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, fmt.Errorf("idem: error acquiring a connection: %w", err)
 			}
 			return c.Conn(), c.Release, nil
 		}
 	case *pgx.Conn:
-		acquire = func(context.Context) (*pgx.Conn, func(), error) { return d, func() {}, nil }
+		reusable = false
+		acquire = func(context.Context) (*pgx.Conn, func(), error) {
+			if d.IsClosed() {
+				return nil, nil, errors.New("idem: the connection given to Run is closed; pass a *pgxpool.Pool to have Run retry on a new one")
+			}
+			return d, func() {}, nil
+		}
 	default:
 		var out T
 		err := tx.Run(ctx, db, func(ctx context.Context, t pgx.Tx) error {
@@ -74,42 +81,67 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 		return out, err
 	}
 
-	var lastErr error
+	var lastErr, unknown error
+	// fail keeps an earlier unanswered COMMIT in the final error: when a rerun fails too, the
+	// first attempt may still have landed, and the caller must not be told otherwise.
+	fail := func(err error) error {
+		if unknown != nil && !errors.Is(err, tx.ErrCommitUnknown) {
+			return fmt.Errorf("%w; an earlier attempt: %w", err, unknown)
+		}
+		return err
+	}
 	for attempt := 1; attempt <= cfg.maxTries; attempt++ {
 		if attempt > 1 {
 			if err := sleepBackoff(ctx, attempt); err != nil {
-				return zero, fmt.Errorf("idem: %w (last error: %w)", err, lastErr)
+				return zero, fail(fmt.Errorf("idem: stopped retrying: %w (last error: %w)", err, lastErr))
 			}
 		}
-		conn, release, err := acquire(ctx)
-		if err != nil {
-			return zero, fmt.Errorf("idem: error acquiring a connection: %w", err)
-		}
-		out, err := runOnce(ctx, conn, cfg, key, fn)
-		release()
+		out, err := runAttempt(ctx, acquire, cfg, key, fn)
 		if err == nil {
 			return out, nil
 		}
-		if !tx.IsRetryable(err) && !errors.Is(err, errCommitLost) {
-			return zero, err
+		switch {
+		case errors.Is(err, tx.ErrCommitUnknown):
+			// A transaction that ran Do may run again: if the first COMMIT landed, this replays.
+			unknown = err
+			if !reusable {
+				return zero, err
+			}
+		case unknown != nil && errors.Is(err, ErrInFlight):
+			// The backend of the attempt whose COMMIT went unanswered may still hold the key
+			// until it notices its client is gone.
+		case !tx.IsRetryable(err):
+			return zero, fail(err)
 		}
 		lastErr = err
 	}
-	return zero, fmt.Errorf("idem: giving up after %d attempts: %w", cfg.maxTries, lastErr)
+	return zero, fail(fmt.Errorf("idem: giving up after %d attempts: %w", cfg.maxTries, lastErr))
 }
 
-// errCommitLost marks a COMMIT whose acknowledgement never came. For a transaction that ran Do
-// that is safe to retry, which Run does.
-var errCommitLost = errors.New("idem: the connection failed while committing; the outcome is unknown")
-
-func runOnce[T any](ctx context.Context, conn *pgx.Conn, cfg *config, key Key, fn func(context.Context, pgx.Tx) (T, error)) (out T, err error) {
+// runAttempt runs one attempt on a connection of its own, and gives the connection back clean
+// whatever happens, a panic in fn included: no transaction left open, no key left held.
+func runAttempt[T any](ctx context.Context, acquire func(context.Context) (*pgx.Conn, func(), error), cfg *config, key Key, fn func(context.Context, pgx.Tx) (T, error)) (out T, err error) {
+	conn, release, err := acquire(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer release()
+	if status := conn.PgConn().TxStatus(); status != 'I' {
+		return out, errors.New("idem: the connection given to Run is already in a transaction; use idem.Do with that transaction instead")
+	}
 	st := statementsFor(cfg.schema)
 	lock := lockID(cfg.schema, key)
-	begun := false
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: cfg.isoLevel})
+	b.Queue(st.lookup, key.Scope, key.ID, lock)
+	br := conn.SendBatch(ctx, b)
+	t := &ownedTx{Tx: br.Tx()}
+	open := true
 	defer func() {
-		// A failed attempt leaves the transaction open (or aborted) on a connection that goes
-		// back to the pool: end it. On a dead connection this fails, and the pool drops it.
-		if err != nil && begun && !conn.IsClosed() {
+		t.closed = true // a t kept past fn's return must not reach a connection now pooled
+		if open && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+			// Runs on errors and on panics alike; a connection that cannot roll back is closed,
+			// which ends the transaction on the server and makes the pool drop it.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if _, rerr := conn.Exec(rctx, "ROLLBACK"); rerr != nil {
@@ -117,12 +149,6 @@ func runOnce[T any](ctx context.Context, conn *pgx.Conn, cfg *config, key Key, f
 			}
 		}
 	}()
-
-	b := &pgx.Batch{}
-	b.Queue(beginSQL(cfg.isoLevel))
-	b.Queue(st.lookup, key.Scope, key.ID, lock)
-	br := conn.SendBatch(ctx, b)
-	begun = true
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return out, fmt.Errorf("idem: error beginning transaction: %w", err)
@@ -153,10 +179,10 @@ func runOnce[T any](ctx context.Context, conn *pgx.Conn, cfg *config, key Key, f
 		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 			return out, fmt.Errorf("idem: error ending read-only transaction: %w", err)
 		}
+		open = false
 		return decodeResult[T](key, row.result)
 	}
 
-	t := &connTx{conn: conn}
 	res, err := fn(ctx, t)
 	if err != nil {
 		return out, err
@@ -164,6 +190,11 @@ func runOnce[T any](ctx context.Context, conn *pgx.Conn, cfg *config, key Key, f
 	data, err := marshalResult(res)
 	if err != nil {
 		return out, err
+	}
+	// pgx sends nothing with a done context, yet would report a failed COMMIT; rolling back here
+	// keeps the outcome known.
+	if err := ctx.Err(); err != nil {
+		return out, fmt.Errorf("idem: context done before COMMIT, so the transaction was rolled back: %w", err)
 	}
 	sql := st.insert
 	if v == verdictRunExpired {
@@ -178,34 +209,36 @@ func runOnce[T any](ctx context.Context, conn *pgx.Conn, cfg *config, key Key, f
 	closeErr := br.Close()
 	switch {
 	case werr != nil:
-		if isServerError(werr) {
+		if isKnownFailure(werr) {
 			return out, storeError(key, werr)
 		}
-		return out, fmt.Errorf("%w: %w", errCommitLost, werr)
+		return out, fmt.Errorf("idem: %w: %w", tx.ErrCommitUnknown, werr)
 	case cerr != nil || closeErr != nil:
-		if isServerError(cerr) {
+		if isKnownFailure(cerr) {
 			return out, fmt.Errorf("idem: error committing: %w", cerr)
 		}
-		return out, fmt.Errorf("%w: %w", errCommitLost, errors.Join(cerr, closeErr))
+		return out, fmt.Errorf("idem: %w: %w", tx.ErrCommitUnknown, errors.Join(cerr, closeErr))
 	case tag.String() != "COMMIT":
 		return out, fmt.Errorf("idem: transaction was rolled back at COMMIT (%s)", tag)
 	}
-	begun = false
+	open = false
 	return decodeResult[T](key, data)
 }
 
-func beginSQL(level pgx.TxIsoLevel) string {
-	if level == "" {
-		return "BEGIN"
-	}
-	return "BEGIN ISOLATION LEVEL " + string(level)
-}
-
-// isServerError reports whether Postgres itself answered with an error, so the outcome of what
-// was sent is known: the statement failed and the transaction did not commit.
-func isServerError(err error) bool {
+// isKnownFailure reports whether Postgres answered with an ERROR, so the outcome of what was sent
+// is known: the statement failed and the transaction did not commit. FATAL and PANIC do not
+// count: a backend terminated while waiting for a synchronous standby reports FATAL after its
+// commit is already durable.
+func isKnownFailure(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	severity := pgErr.SeverityUnlocalized
+	if severity == "" {
+		severity = pgErr.Severity
+	}
+	return severity == "ERROR"
 }
 
 func sleepBackoff(ctx context.Context, attempt int) error {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -159,6 +160,76 @@ func TestRun(t *testing.T) {
 		require.Equal(t, 1, b.effects(t, "k1"))
 	})
 
+	t.Run("PanicInFnLeavesNothingHeld", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		conn, err := b.pool.Acquire(b.ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		func() {
+			defer func() { require.Equal(t, "boom", recover()) }()
+			_, _ = idem.Run(b.ctx, conn.Conn(), key, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
+				_, err := recordEffect("k1", "half done", nil)(ctx, tx)
+				require.NoError(t, err)
+				panic("boom")
+			})
+		}()
+		require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus(), "the transaction was rolled back")
+		// The key is free for anyone, and the half-done write is gone.
+		out, err := idem.Run(b.ctx, b.pool, key, recordEffect("k1", "whole", nil))
+		require.NoError(t, err)
+		require.Equal(t, "whole", out.Note)
+		require.Equal(t, 1, b.effects(t, "k1"))
+	})
+
+	t.Run("ConnAlreadyInATransactionIsRefused", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		conn, err := b.pool.Acquire(b.ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		outer, err := conn.Begin(b.ctx)
+		require.NoError(t, err)
+		_, err = idem.Run(b.ctx, conn.Conn(), key, recordEffect("k1", "x", nil))
+		require.ErrorContains(t, err, "already in a transaction")
+		require.NoError(t, outer.Rollback(b.ctx))
+		require.Equal(t, 0, b.effects(t, "k1"))
+	})
+
+	t.Run("TxIsClosedAfterFnReturns", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var kept pgx.Tx
+		_, err := idem.Run(b.ctx, b.pool, key, func(ctx context.Context, tx pgx.Tx) (int, error) {
+			kept = tx
+			return 1, nil
+		})
+		require.NoError(t, err)
+		_, err = kept.Exec(b.ctx, `INSERT INTO effects (key) VALUES ('leaked')`)
+		require.ErrorIs(t, err, pgx.ErrTxClosed)
+		require.Equal(t, 0, b.effects(t, "leaked"))
+	})
+
+	t.Run("WaitReplays", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		holder, release := holdKey(t, b, key)
+		ran := 0
+		waiter := make(chan error, 1)
+		var out receipt
+		go func() {
+			var err error
+			out, err = idem.Run(b.ctx, b.pool, key, recordEffect("tenant-a/k1", "waiter", &ran), idem.Wait(30*time.Second))
+			waiter <- err
+		}()
+		waitForWaiter(t, b)
+		release(true)
+		require.NoError(t, <-holder)
+		require.NoError(t, <-waiter)
+		require.Equal(t, "holder", out.Note)
+		require.Equal(t, 0, ran)
+	})
+
 	t.Run("Concurrent64", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -170,6 +241,7 @@ func TestRun(t *testing.T) {
 				for {
 					out, err := idem.Run(b.ctx, b.pool, key, recordEffect("k1", "x", nil))
 					if errors.Is(err, idem.ErrInFlight) {
+						time.Sleep(time.Millisecond) // let the holder finish; a real client honours RetryAfter
 						continue
 					}
 					require.NoError(t, err)

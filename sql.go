@@ -38,11 +38,14 @@ func statementsFor(schema string) *statements {
 	ceil(extract(epoch FROM k.locked_until - now()))::int4
 FROM (SELECT) AS one LEFT JOIN idem_keys k ON k.scope = $1 AND k.id = $2`),
 
+		// The TTL counts from this write, not from the transaction's start (now()), so that a
+		// transaction longer than the TTL cannot store a key that is already expired.
+		//
 		// A plain INSERT on purpose: if a racing duplicate committed this key after our snapshot
 		// was taken, the unique index rejects the write and the transaction aborts, so neither
 		// our effects nor our result can commit beside the other's.
 		insert: r.Replace(`INSERT INTO idem_keys (scope, id, fingerprint, result, expires_at)
-VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 microsecond')`),
+VALUES ($1, $2, $3, $4, statement_timestamp() + $5::int8 * interval '1 microsecond')`),
 
 		// The key existed but had expired (a result of Do, or a finished workflow). Replace it only
 		// if it is still expired when the UPDATE gets to it; if it is not (a racer renewed it), or it is gone (the reaper deleted it),
@@ -50,7 +53,7 @@ VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 microsecond')`),
 		replace: r.Replace(`WITH replaced AS (
 	UPDATE idem_keys SET state = 'done', fingerprint = $3, result = $4, workflow = NULL, input = NULL,
 		recovery_point = NULL, lease_token = NULL, locked_until = NULL, attempts = 0,
-		created_at = now(), expires_at = now() + $5::int8 * interval '1 microsecond'
+		created_at = now(), expires_at = statement_timestamp() + $5::int8 * interval '1 microsecond'
 	WHERE scope = $1 AND id = $2 AND expires_at <= now() AND state <> 'running'
 	RETURNING 1
 ), cleared AS (
@@ -58,7 +61,7 @@ VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 microsecond')`),
 	DELETE FROM idem_steps WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM replaced)
 )
 INSERT INTO idem_keys (scope, id, fingerprint, result, expires_at)
-SELECT $1::text, $2::text, $3::bytea, $4::bytea, now() + $5::int8 * interval '1 microsecond'
+SELECT $1::text, $2::text, $3::bytea, $4::bytea, statement_timestamp() + $5::int8 * interval '1 microsecond'
 WHERE NOT EXISTS (SELECT FROM replaced)`),
 	}
 	actual, _ := statementCache.LoadOrStore(schema, s)
