@@ -39,6 +39,12 @@ var (
 // been aborted by Postgres (so nothing it did can commit); roll back and retry, and the retry
 // replays the other transaction's result. tx.Run does that by itself, because the error is
 // retryable.
+//
+//	var inflight *idem.InFlightError
+//	if errors.As(err, &inflight) && !inflight.Race {
+//		w.Header().Set("Retry-After", strconv.Itoa(int(inflight.RetryAfter.Seconds())))
+//		w.WriteHeader(http.StatusConflict)
+//	}
 type InFlightError struct {
 	Scope, ID  string
 	RetryAfter time.Duration // a hint for when to try again; at least one second when not a race

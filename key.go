@@ -79,6 +79,11 @@ func validateScope(scope string) error {
 }
 
 // InvalidKeyError is returned for a malformed Key. errors.Is(err, ErrInvalidKey) holds for it.
+//
+//	var bad *idem.InvalidKeyError
+//	if errors.As(err, &bad) {
+//		http.Error(w, "Idempotency-Key: "+bad.Reason, http.StatusBadRequest)
+//	}
 type InvalidKeyError struct {
 	Reason string // what is wrong, as a sentence fragment naming the field
 }

@@ -17,6 +17,9 @@ import (
 var SchemaSQL string
 
 // Beginner begins a transaction. *pgxpool.Pool, *pgx.Conn and pgx.Tx (a savepoint) satisfy it.
+//
+//	var db idem.Beginner = pool // or conn, or an open pgx.Tx
+//	err := idem.Migrate(ctx, db)
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }

@@ -11,7 +11,11 @@ import (
 const DefaultTTL = 24 * time.Hour
 
 // Option configures [Do], [Run] and [Migrate]. Options that do not apply to a function are
-// ignored by it.
+// ignored by it. An invalid option makes the call fail before any SQL, with an error that names
+// the option.
+//
+//	opts := []idem.Option{idem.TTL(72 * time.Hour), idem.Wait(time.Second)}
+//	out, err := idem.Do(ctx, tx, key, fn, opts...)
 type Option func(*config)
 
 type config struct {

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
@@ -81,4 +82,24 @@ func TestNewSettings(t *testing.T) {
 	}
 	_, err := Middleware(nil, &Config{Scope: scope})
 	require.ErrorContains(t, err, "db cannot be nil")
+}
+
+func TestRetryAfterZeroStillWaits(t *testing.T) {
+	tr := &Transport{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	resp := &http.Response{StatusCode: http.StatusConflict, Header: http.Header{"Retry-After": {"0"}}}
+	for attempt := 1; attempt < 50; attempt++ {
+		wait, retry := tr.retryable(context.Background(), resp, nil, attempt)
+		if !retry || wait <= 0 {
+			t.Fatalf("attempt %d: wait %v, retry %v; want a positive wait", attempt, wait, retry)
+		}
+	}
+}
+
+func TestBackoffDoesNotOverflow(t *testing.T) {
+	tr := &Transport{MinBackoff: time.Second, MaxBackoff: time.Duration(1<<63 - 1)}
+	for attempt := 1; attempt < 80; attempt++ {
+		if d := tr.backoff(attempt); d <= 0 {
+			t.Fatalf("attempt %d: backoff %v", attempt, d)
+		}
+	}
 }

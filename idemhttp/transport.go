@@ -1,8 +1,10 @@
 package idemhttp
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -105,8 +108,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !slices.Contains(methods, req.Method) {
 		return base.RoundTrip(req)
 	}
+	attempts := orDefault(t.MaxAttempts, DefaultMaxAttempts)
 	hasBody := req.Body != nil && req.Body != http.NoBody
-	if hasBody && req.GetBody == nil {
+	if hasBody && req.GetBody == nil && attempts > 1 {
 		_ = req.Body.Close() // a RoundTripper closes the body, even on error
 		return nil, fmt.Errorf("%w (%s %s)", ErrBodyNotRewindable, req.Method, req.URL.Redacted())
 	}
@@ -117,7 +121,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		key = t.newKey()
 	}
 	ctx := req.Context()
-	attempts := orDefault(t.MaxAttempts, DefaultMaxAttempts)
 	for attempt := 1; ; attempt++ {
 		areq := req.Clone(ctx)
 		areq.Header.Set(keyHeader, key)
@@ -167,13 +170,50 @@ func (t *Transport) retryable(ctx context.Context, resp *http.Response, err erro
 	default:
 		return 0, false
 	}
+	if resp.StatusCode >= 500 && permanentProblem(resp) {
+		return 0, false
+	}
 	if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
 		if ra > orDefault(t.MaxRetryAfter, DefaultMaxRetryAfter) {
 			return 0, false
 		}
-		return ra, true
+		// Never less than the backoff: "Retry-After: 0" or a date in the past must not turn
+		// into back-to-back retries.
+		return max(ra, t.backoff(attempt)), true
 	}
 	return t.backoff(attempt), true
+}
+
+// permanentProblems are the middleware's 500s that a retry of the same request cannot change:
+// each retry would only run the handler's transaction again, to the same end.
+var permanentProblems = []string{problemStreaming.name, problemTooLarge.name, problemMisconfigured.name}
+
+// permanentProblem reports whether resp is one of permanentProblems. It reads the (small) body
+// and puts it back, so the caller still gets the response whole.
+func permanentProblem(resp *http.Response) bool {
+	if resp.Body == nil || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+		return false
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(data), resp.Body), resp.Body}
+	if err != nil {
+		return false
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(data, &p) != nil {
+		return false
+	}
+	for _, name := range permanentProblems {
+		if strings.HasSuffix(p.Type, "#"+name) || strings.HasSuffix(p.Type, "/"+name) || p.Type == name {
+			return true
+		}
+	}
+	return false
 }
 
 // backoff is full jitter: a random wait up to min·2^(attempt-1), capped at max.
@@ -181,6 +221,10 @@ func (t *Transport) backoff(attempt int) time.Duration {
 	lo, hi := orDefault(t.MinBackoff, DefaultMinBackoff), orDefault(t.MaxBackoff, DefaultMaxBackoff)
 	ceiling := lo
 	for i := 1; i < attempt && ceiling < hi; i++ {
+		if ceiling > hi/2 { // doubling would pass hi, or overflow
+			ceiling = hi
+			break
+		}
 		ceiling *= 2
 	}
 	ceiling = min(ceiling, hi)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -259,5 +260,42 @@ func TestTransport(t *testing.T) {
 		_, err = transport(f).RoundTrip(post(t, "").WithContext(ctx))
 		require.ErrorIs(t, err, context.Canceled)
 		require.Equal(t, 1, f.attempts())
+	})
+}
+
+// TestTransportEdgeCases covers the corners a retrying client gets wrong most easily.
+func TestTransportEdgeCases(t *testing.T) {
+	t.Parallel()
+
+	t.Run("PermanentServerProblemIsNotRetried", func(t *testing.T) {
+		t.Parallel()
+		var calls atomic.Int32
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"type":"https://example.test/idemhttp#streaming-response-refused","title":"x"}`))
+		}))
+		defer srv.Close()
+		c := &http.Client{Transport: &idemhttp.Transport{MinBackoff: time.Millisecond}}
+		resp, err := c.Post(srv.URL, "text/plain", strings.NewReader("x"))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, int32(1), calls.Load())
+		require.Contains(t, string(body), "streaming-response-refused", "the body reaches the caller whole")
+	})
+
+	t.Run("UnrewindableBodyIsFineWithOneAttempt", func(t *testing.T) {
+		t.Parallel()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+		defer srv.Close()
+		req, err := http.NewRequest("POST", srv.URL, io.NopCloser(strings.NewReader("x")))
+		require.NoError(t, err)
+		req.GetBody = nil
+		resp, err := (&idemhttp.Transport{MaxAttempts: 1}).RoundTrip(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
 	})
 }

@@ -2,6 +2,7 @@ package tx
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -103,7 +104,7 @@ func ReadOnly() Option {
 func MaxAttempts(n int) Option {
 	return func(c *config) {
 		if n < 1 {
-			c.fail(errors.New("MaxAttempts must be at least 1"))
+			c.fail(fmt.Errorf("MaxAttempts must be at least 1 (got %d)", n))
 			return
 		}
 		c.maxAttempts = n

@@ -94,10 +94,10 @@ func Run(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.T
 		return cfg.err
 	}
 	if db == nil {
-		return errors.New("db cannot be nil")
+		return errors.New("tx: db cannot be nil: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx")
 	}
 	if fn == nil {
-		return errors.New("fn cannot be nil")
+		return errors.New("tx: fn cannot be nil: pass the function to run in the transaction")
 	}
 	if parent, ok := db.(pgx.Tx); ok {
 		return runNested(ctx, parent, cfg, fn)

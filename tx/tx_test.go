@@ -237,7 +237,7 @@ func TestRun(t *testing.T) {
 			opt  tx.Option
 			want string
 		}{
-			{tx.MaxAttempts(0), "MaxAttempts must be at least 1"},
+			{tx.MaxAttempts(0), "MaxAttempts must be at least 1 (got 0)"},
 			{tx.Backoff(-time.Second, time.Second), "Backoff min cannot be negative"},
 			{tx.Backoff(time.Second, time.Millisecond), "Backoff max cannot be less than min"},
 		} {
