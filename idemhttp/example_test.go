@@ -18,33 +18,10 @@ import (
 	"github.com/idemkit/idem/internal/pgtemp"
 )
 
-// Examples have no *testing.T for pgtemp.NewDB, so they share a server of their own, started on
-// first use and stopped by TestMain.
-var exampleServer struct {
-	once sync.Once
-	srv  *pgtemp.Server
-	err  error
-
-	mu  sync.Mutex
-	dbs []string
-}
-
 // examplePool returns a pool on a fresh database with idem migrated and an orders table. The
 // caller closes it.
 func examplePool(ctx context.Context) *pgxpool.Pool {
-	exampleServer.once.Do(func() {
-		exampleServer.srv, exampleServer.err = pgtemp.Start(ctx)
-	})
-	if exampleServer.err != nil {
-		log.Fatal(exampleServer.err)
-	}
-	dbURL, err := exampleServer.srv.CreateDatabase(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	exampleServer.mu.Lock()
-	exampleServer.dbs = append(exampleServer.dbs, dbURL)
-	exampleServer.mu.Unlock()
+	dbURL := pgtemp.NewExampleDB()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		log.Fatal(err)
@@ -56,20 +33,6 @@ func examplePool(ctx context.Context) *pgxpool.Pool {
 		log.Fatal(err)
 	}
 	return pool
-}
-
-func closeExampleServer() {
-	if exampleServer.srv == nil {
-		return
-	}
-	for _, dbURL := range exampleServer.dbs {
-		if err := exampleServer.srv.DropDatabase(context.Background(), dbURL); err != nil {
-			log.Printf("error dropping an example database: %v", err)
-		}
-	}
-	if err := exampleServer.srv.Close(); err != nil {
-		log.Printf("error stopping the examples' server: %v", err)
-	}
 }
 
 // createOrder writes through the request's transaction, so the order commits exactly when the

@@ -20,11 +20,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtemp"
 )
 
-func TestMain(m *testing.M) {
-	code := pgtemp.Main(m)
-	closeExampleServer()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
 
 type testBundle struct {
 	ctx  context.Context

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,33 +14,10 @@ import (
 	"github.com/idemkit/idem/tx"
 )
 
-// Examples have no *testing.T for pgtemp.NewDB, so they share a server of
-// their own, started on first use and stopped by TestMain.
-var exampleServer struct {
-	once sync.Once
-	srv  *pgtemp.Server
-	err  error
-
-	mu  sync.Mutex
-	dbs []string // to drop, in case the server is not pgtemp's own
-}
-
 // examplePool returns a pool on a fresh database with an accounts table.
 // The caller closes it.
 func examplePool(ctx context.Context) *pgxpool.Pool {
-	exampleServer.once.Do(func() {
-		exampleServer.srv, exampleServer.err = pgtemp.Start(ctx)
-	})
-	if exampleServer.err != nil {
-		log.Fatal(exampleServer.err)
-	}
-	dbURL, err := exampleServer.srv.CreateDatabase(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	exampleServer.mu.Lock()
-	exampleServer.dbs = append(exampleServer.dbs, dbURL)
-	exampleServer.mu.Unlock()
+	dbURL := pgtemp.NewExampleDB()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		log.Fatal(err)
@@ -53,19 +29,6 @@ func examplePool(ctx context.Context) *pgxpool.Pool {
 		log.Fatal(err)
 	}
 	return pool
-}
-
-func closeExampleServer() {
-	if exampleServer.srv != nil {
-		for _, dbURL := range exampleServer.dbs {
-			if err := exampleServer.srv.DropDatabase(context.Background(), dbURL); err != nil {
-				log.Printf("error dropping an example database: %v", err)
-			}
-		}
-		if err := exampleServer.srv.Close(); err != nil {
-			log.Printf("error stopping the examples' server: %v", err)
-		}
-	}
 }
 
 func ExampleRun() {

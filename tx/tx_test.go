@@ -17,11 +17,7 @@ import (
 	"github.com/idemkit/idem/tx"
 )
 
-func TestMain(m *testing.M) {
-	code := pgtemp.Main(m)
-	closeExampleServer()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
 
 // The Beginners that Run documents.
 var (
