@@ -532,3 +532,19 @@ func TestDoReusesExpiredWorkflowKey(t *testing.T) {
 	require.Nil(t, workflow)
 	require.Zero(t, stepsLeft, "the expired run's history is gone with it")
 }
+
+// TestMigrateLeavesACurrentSchemaAlone checks that Migrate at every start takes no lock on a
+// table in use: with a transaction holding idem_keys, a second Migrate must still return.
+func TestMigrateLeavesACurrentSchemaAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	busy, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = busy.Rollback(b.ctx) }()
+	_, err = busy.Exec(b.ctx, `LOCK TABLE idem_keys IN ROW EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, idem.Migrate(ctx, b.pool), "a current schema is not touched, so nothing waits")
+}

@@ -2,7 +2,9 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -54,9 +56,29 @@ func Migrate(ctx context.Context, db Beginner, opts ...Option) error {
 				return fmt.Errorf("error setting search_path: %w", err)
 			}
 		}
+		// Even a no-op ALTER TABLE ... IF NOT EXISTS takes an ACCESS EXCLUSIVE lock, which would
+		// stall every transaction on idem_keys at each start of each process. So the schema's
+		// digest is kept as a comment on the table, and a schema that is current is left alone.
+		digest := schemaDigest()
+		var current bool
+		if err := t.QueryRow(ctx, `SELECT coalesce(obj_description(to_regclass('idem_keys'), 'pg_class') = $1, false)`, digest).Scan(&current); err != nil {
+			return fmt.Errorf("error reading idem schema version: %w", err)
+		}
+		if current {
+			return nil
+		}
 		if _, err := t.Exec(ctx, SchemaSQL); err != nil {
 			return fmt.Errorf("error applying idem schema: %w", err)
 		}
+		if _, err := t.Exec(ctx, "COMMENT ON TABLE idem_keys IS '"+digest+"'"); err != nil {
+			return fmt.Errorf("error recording idem schema version: %w", err)
+		}
 		return nil
 	})
+}
+
+// schemaDigest names the exact schema.sql applied, as recorded on idem_keys by Migrate.
+func schemaDigest() string {
+	sum := sha256.Sum256([]byte(SchemaSQL))
+	return "idem schema " + hex.EncodeToString(sum[:8])
 }
