@@ -66,7 +66,7 @@ func demo(ctx context.Context, a *app, out io.Writer) error {
 		}
 		same = same && bytes.Equal(r.body, results[0].body)
 	}
-	d.line("POST", "/transfers", k2, results[0].status, fmt.Sprintf("x20 at once: %d ran, %d replayed (after %d 409s)", fresh, replays, d.conflicts.Load()), false)
+	d.line("POST", "/transfers", k2, results[0].status, fmt.Sprintf("x20 at once: %d ran, %d replayed; %d 409s retried", fresh, replays, d.conflicts.Load()), false)
 	expect(fresh == 1 && replays == 19 && same, "20 duplicates should make 1 execution and 19 identical replays")
 
 	d.section("the same key with a different amount, and an overdraft")
