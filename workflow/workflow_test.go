@@ -123,22 +123,26 @@ func TestRun(t *testing.T) {
 	t.Run("ConcurrentStartsMakeOneRun", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		var ran atomic.Int32
+		const n = 8
+		var ran, returned atomic.Int32
+		othersDone := make(chan struct{})
 		wf := newTransfer(b.pool, &hooks{at: func(_ context.Context, p string) {
 			if p == "before:reserve" {
 				ran.Add(1)
-				time.Sleep(300 * time.Millisecond) // keep the run in flight while the others arrive
+				<-othersDone // keep the run in flight until every other caller has had its answer
 			}
 		}})
 		e := b.engine(t, fastConfig(wf))
 
-		const n = 8
 		var wg sync.WaitGroup
 		results := make([]error, n)
 		receipts := make([]receipt, n)
 		for i := range n {
 			wg.Go(func() {
 				receipts[i], results[i] = wf.Run(b.ctx, e, key("k1"), req, nil)
+				if returned.Add(1) == n-1 {
+					close(othersDone)
+				}
 			})
 		}
 		wg.Wait()
@@ -273,15 +277,16 @@ func TestRun(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		wf := workflow.Define("parallel", func(ctx context.Context, in int) (int, error) {
-			release := make(chan struct{})
+			entered, release := make(chan struct{}), make(chan struct{})
 			var wg sync.WaitGroup
 			wg.Go(func() {
 				_, _ = steps.Call(ctx, "a", func(ctx context.Context, key string) (int, error) {
+					close(entered)
 					<-release
 					return 1, nil
 				}, nil)
 			})
-			time.Sleep(50 * time.Millisecond)
+			<-entered // step "a" is running; "b" now overlaps it
 			_, err := steps.Call(ctx, "b", func(ctx context.Context, key string) (int, error) { return 2, nil }, nil)
 			close(release)
 			wg.Wait()
