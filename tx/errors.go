@@ -3,6 +3,9 @@ package tx
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -117,4 +120,25 @@ func severity(pgErr *pgconn.PgError) string {
 		return pgErr.SeverityUnlocalized
 	}
 	return pgErr.Severity
+}
+
+// IsConnectionLost reports whether err means the connection to Postgres failed, rather than that
+// a statement was refused: the connection closed or reset, the server ended the session
+// (administrator command, crash, shutdown: SQLSTATE 57P01–57P03, class 08), or a FATAL. Before
+// COMMIT was sent, such a failure leaves nothing behind, and the work can run again on a new
+// connection; after, see [ErrCommitUnknown].
+//
+//	if tx.IsConnectionLost(err) {
+//		// not the statement's fault: try again later, on another connection
+//	}
+func IsConnectionLost(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		sev := severity(pgErr)
+		return sev == "FATAL" || sev == "PANIC" || strings.HasPrefix(pgErr.Code, "08") ||
+			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	var netErr net.Error
+	return errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.As(err, &netErr) || pgconn.SafeToRetry(err)
 }

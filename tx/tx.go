@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Beginner begins a transaction. It is satisfied by *pgxpool.Pool,
@@ -129,7 +128,11 @@ func Run(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.T
 			return fail(stopped(err, attempt-1, lastErr))
 		}
 
-		retry, err := runOnce(ctx, db, cfg, fn)
+		actx := ctx
+		if unknownErr != nil {
+			actx = context.WithValue(ctx, lostCommitKey{}, true)
+		}
+		retry, err := runOnce(actx, db, cfg, fn)
 		if err == nil {
 			return nil
 		}
@@ -162,10 +165,10 @@ func attempts(n int) string {
 func runOnce(ctx context.Context, db Beginner, cfg *config, fn func(context.Context, pgx.Tx) error) (retry bool, err error) {
 	dbtx, err := begin(ctx, db, cfg)
 	if err != nil {
-		// A failed BEGIN leaves nothing behind, so for BEGIN, unlike
-		// COMMIT, SafeToRetry is a fair guide. It covers a pooled
-		// connection that died while idle.
-		return IsRetryable(err) || pgconn.SafeToRetry(err), fmt.Errorf("error beginning transaction: %w", err)
+		// A failed BEGIN leaves nothing behind, so any lost connection
+		// (a pooled connection that died while idle, a terminated
+		// backend) is worth another attempt on a new one.
+		return IsRetryable(err) || IsConnectionLost(err), fmt.Errorf("error beginning transaction: %w", err)
 	}
 	// Rolls back when fn panics; after Commit or Rollback it is a no-op.
 	defer func() { _ = dbtx.Rollback(ctx) }()

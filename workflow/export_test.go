@@ -8,6 +8,3 @@ func PauseHeartbeat(e *Engine) { e.heartbeatOff.Store(true) }
 
 // Reap runs one reap job's work.
 func Reap(ctx context.Context, e *Engine) (int64, error) { return e.reap(ctx) }
-
-// LostConnection exposes lostConnection to the tests.
-var LostConnection = lostConnection

@@ -5,16 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
@@ -275,7 +271,7 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, attempt fun
 			return nil, rs.stop(context.Cause(ctx))
 		case errors.As(err, &mErr), errors.Is(err, tx.ErrCommitUnknown):
 			return nil, rs.stop(err)
-		case kind != "call" && lostConnection(err):
+		case kind != "call" && tx.IsConnectionLost(err):
 			// A step that works in Postgres and lost its connection has not failed: the run
 			// stops unstored, its lease runs out, and the recovery worker resumes it from this
 			// step. Storing the error would fail the run for good over a network blip.
@@ -292,24 +288,6 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, attempt fun
 			return nil, rs.stop(context.Cause(ctx))
 		}
 	}
-}
-
-// lostConnection reports whether err means the connection to Postgres failed, rather than that
-// a statement was refused: the connection closed or reset, the server ended the session
-// (administrator command, crash, shutdown: SQLSTATE 57P01–57P03, class 08), or a FATAL.
-func lostConnection(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		severity := pgErr.SeverityUnlocalized
-		if severity == "" {
-			severity = pgErr.Severity
-		}
-		return severity == "FATAL" || severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08") ||
-			pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
-	}
-	var netErr net.Error
-	return errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
-		errors.As(err, &netErr) || pgconn.SafeToRetry(err)
 }
 
 // isPermanent reports whether err says it is not worth retrying: something in its chain has a
