@@ -80,6 +80,11 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 		return zero, cfg.err
 	}
 	tx.MarkIdempotent(ctx)
+	if tx.AfterLostCommit(ctx) && cfg.wait < lostCommitWait {
+		// The lost attempt's backend may still hold this key's lock for a moment: that is not a
+		// concurrent duplicate, and the rerun should get its own answer, not ErrInFlight.
+		cfg.wait = lostCommitWait
+	}
 
 	st := statementsFor(cfg.schema)
 	lock := lockID(cfg.schema, key)
@@ -119,6 +124,12 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 	}
 	return decodeResult[T](key, data)
 }
+
+// lostCommitWait bounds how long a rerun after a lost COMMIT waits for the lost attempt's
+// backend to let go of the key. A backend whose client closed the connection ends in
+// milliseconds; one cut off without a FIN lives until TCP keepalive notices, and then the
+// rerun reports ErrInFlight, which is the truth.
+const lostCommitWait = 5 * time.Second
 
 // keyRow is what the lookup statement returns. found is false when the key has no row.
 type keyRow struct {

@@ -267,3 +267,22 @@ func TestRunDeadConnection(t *testing.T) {
 		require.Equal(t, 0, bundle.count(t))
 	})
 }
+
+// TestAfterLostCommit checks that the rerun after an unanswered COMMIT, and only the rerun, is
+// told so: idem.Do waits on its strength for locks the lost attempt's backend still holds.
+func TestAfterLostCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupLostCommit(t)
+	b.proxy.DropNextCommit()
+	var seen []bool
+	err := tx.Run(ctx, b.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
+		seen = append(seen, tx.AfterLostCommit(ctx))
+		tx.MarkIdempotent(ctx)
+		_, err := dbtx.Exec(ctx, "INSERT INTO items (id) VALUES (1) ON CONFLICT (id) DO NOTHING")
+		return err
+	}, fastRetries)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, true}, seen)
+	require.False(t, tx.AfterLostCommit(ctx), "outside Run")
+}

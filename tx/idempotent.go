@@ -48,3 +48,19 @@ func MarkIdempotent(ctx context.Context) {
 		a.idempotent.Store(true)
 	}
 }
+
+type lostCommitKey struct{}
+
+// AfterLostCommit reports whether the transaction [Run] is running under ctx
+// is a rerun after a COMMIT whose outcome was unknown. The earlier attempt's
+// backend may then still be alive for a moment, holding its locks until it
+// notices that its client is gone; idem.Do uses this to wait for such a lock
+// instead of reporting its own earlier attempt as a concurrent duplicate.
+//
+//	if tx.AfterLostCommit(ctx) {
+//		// wait briefly for locks the lost attempt may still hold
+//	}
+func AfterLostCommit(ctx context.Context) bool {
+	v, _ := ctx.Value(lostCommitKey{}).(bool)
+	return v
+}
