@@ -1,0 +1,35 @@
+package backoff
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestJitter(t *testing.T) {
+	t.Parallel()
+	j := Jitter{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}
+	for n, want := range map[int]time.Duration{1: 10 * time.Millisecond, 2: 20 * time.Millisecond, 4: 80 * time.Millisecond, 5: 100 * time.Millisecond, 1000: 100 * time.Millisecond} {
+		require.Equal(t, want, j.Ceiling(n), "retry %d", n)
+		for range 200 {
+			w := j.Wait(n)
+			require.Greater(t, w, time.Duration(0))
+			require.LessOrEqual(t, w, want)
+		}
+	}
+	require.Zero(t, Jitter{}.Wait(3))
+	// A max below min, or an enormous max, neither panics nor overflows.
+	require.Equal(t, 10*time.Millisecond, Jitter{Min: 10 * time.Millisecond, Max: time.Millisecond}.Ceiling(5))
+	require.Equal(t, time.Duration(1<<62), Jitter{Min: time.Second, Max: 1 << 62}.Ceiling(200))
+}
+
+func TestSleep(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, Sleep(ctx, time.Hour), context.Canceled)
+	require.NoError(t, Sleep(context.Background(), time.Millisecond))
+	require.NoError(t, Sleep(context.Background(), 0))
+}
