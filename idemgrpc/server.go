@@ -21,8 +21,10 @@ import (
 // UnaryServerInterceptor returns a gRPC unary server interceptor that makes the methods it
 // guards safe to retry: a call carrying an idempotency key in its metadata runs its handler at
 // most once per key and scope, and every retry gets the first answer back. Install it with
-// grpc.ChainUnaryInterceptor after the interceptors that authenticate (Config.Scope reads their
-// result) and before those that recover panics.
+// grpc.ChainUnaryInterceptor after the interceptors that authenticate: Config.Scope reads their
+// result. A recovery interceptor may sit on either side of it: inside, it turns a panic into an
+// error that is not stored (Internal); outside, it sees the panic after the transaction has been
+// rolled back.
 //
 // For a call of a guarded method (Config.Methods) with a key, the interceptor validates the key,
 // finds the scope (Config.Scope) and fingerprints the call: the full method name and the
