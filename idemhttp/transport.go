@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/internal/backoff"
 )
 
 // Defaults used for the zero values of [Transport].
@@ -103,7 +104,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	methods := t.Methods
 	if len(methods) == 0 {
-		methods = DefaultMethods
+		methods = DefaultMethods()
 	}
 	if !slices.Contains(methods, req.Method) {
 		return base.RoundTrip(req)
@@ -143,7 +144,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		discard(resp)
-		if err := sleep(ctx, wait); err != nil {
+		if err := backoff.Sleep(ctx, wait); err != nil {
 			last := err
 			if resp != nil {
 				last = fmt.Errorf("%s", resp.Status)
@@ -216,22 +217,10 @@ func permanentProblem(resp *http.Response) bool {
 	return false
 }
 
-// backoff is full jitter: a random wait up to min·2^(attempt-1), capped at max.
+// backoff is the wait before retry attempt (1 for the first retry): full jitter up to
+// MinBackoff·2^(attempt-1), capped at MaxBackoff.
 func (t *Transport) backoff(attempt int) time.Duration {
-	lo, hi := orDefault(t.MinBackoff, DefaultMinBackoff), orDefault(t.MaxBackoff, DefaultMaxBackoff)
-	ceiling := lo
-	for i := 1; i < attempt && ceiling < hi; i++ {
-		if ceiling > hi/2 { // doubling would pass hi, or overflow
-			ceiling = hi
-			break
-		}
-		ceiling *= 2
-	}
-	ceiling = min(ceiling, hi)
-	if ceiling <= 0 {
-		return 0
-	}
-	return rand.N(ceiling) + 1
+	return backoff.Jitter{Min: orDefault(t.MinBackoff, DefaultMinBackoff), Max: orDefault(t.MaxBackoff, DefaultMaxBackoff)}.Wait(attempt)
 }
 
 func (t *Transport) newKey() string {
@@ -270,20 +259,6 @@ func discard(resp *http.Response) {
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
 	_ = resp.Body.Close()
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
 }
 
 func orDefault[T comparable](v, def T) T {
