@@ -156,23 +156,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // retryable decides whether an attempt's outcome calls for another attempt, and after how long.
 func (t *Transport) retryable(ctx context.Context, resp *http.Response, err error, attempt int) (time.Duration, bool) {
+	if !shouldRetry(ctx, resp, err, orDefault(t.ReplayedHeader, DefaultReplayedHeader)) {
+		return 0, false
+	}
 	if err != nil {
-		// A caller that gave up, or a server whose certificate is not trusted, will not
-		// change its mind. Anything else (refused, reset, EOF mid-response) may be a response
-		// lost on the way back, which the retry replays.
-		var certErr *tls.CertificateVerificationError
-		return t.backoff(attempt), ctx.Err() == nil && !errors.As(err, &certErr)
-	}
-	if resp.Header.Get(orDefault(t.ReplayedHeader, DefaultReplayedHeader)) == "true" {
-		return 0, false
-	}
-	switch s := resp.StatusCode; {
-	case s == http.StatusConflict, s == http.StatusTooManyRequests, s >= 500 && s != http.StatusNotImplemented:
-	default:
-		return 0, false
-	}
-	if resp.StatusCode >= 500 && permanentProblem(resp) {
-		return 0, false
+		return t.backoff(attempt), true
 	}
 	if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
 		if ra > orDefault(t.MaxRetryAfter, DefaultMaxRetryAfter) {
@@ -183,6 +171,29 @@ func (t *Transport) retryable(ctx context.Context, resp *http.Response, err erro
 		return max(ra, t.backoff(attempt)), true
 	}
 	return t.backoff(attempt), true
+}
+
+// shouldRetry is the retry decision of Transport and RetryPolicy: retry after a network error
+// (but an untrusted certificate, or a done context), a 409 (the key's first request is still
+// running), a 429 or a 5xx (but 501 and the middleware's permanent 500s), and never a response
+// marked replayed, which is the final answer whatever its status.
+func shouldRetry(ctx context.Context, resp *http.Response, err error, replayedHeader string) bool {
+	if err != nil {
+		// A caller that gave up, or a server whose certificate is not trusted, will not
+		// change its mind. Anything else (refused, reset, EOF mid-response) may be a response
+		// lost on the way back, which the retry replays.
+		var certErr *tls.CertificateVerificationError
+		return ctx.Err() == nil && !errors.As(err, &certErr)
+	}
+	if resp.Header.Get(replayedHeader) == "true" {
+		return false
+	}
+	switch s := resp.StatusCode; {
+	case s == http.StatusConflict, s == http.StatusTooManyRequests, s >= 500 && s != http.StatusNotImplemented:
+	default:
+		return false
+	}
+	return resp.StatusCode < 500 || !permanentProblem(resp)
 }
 
 // permanentProblems are the middleware's 500s that a retry of the same request cannot change:
