@@ -18,7 +18,8 @@ import (
 // Middleware returns net/http middleware that makes the requests it guards safe to retry: a
 // request carrying an Idempotency-Key runs its handler at most once per key and scope, and every
 // retry gets the first answer back. It works with anything that takes a
-// func(http.Handler) http.Handler (net/http, chi's Use, gorilla's Use, echo's WrapMiddleware).
+// func(http.Handler) http.Handler (net/http, chi's Use, gorilla's Use); for gin and echo, see
+// the package documentation.
 //
 // For a guarded request (a POST or PATCH, see Config.Methods) with a key, the middleware parses
 // the key (400 if malformed), finds the scope (Config.Scope), reads the body (413 above
