@@ -424,7 +424,8 @@ func TestDo(t *testing.T) {
 
 // holdKey starts a transaction that runs Do for k and stays inside fn until release is called;
 // release(true) lets fn return and commits, release(false) rolls back. The returned channel
-// receives the transaction's outcome.
+// receives the transaction's outcome. When the key does not get held (Do fails, or does not
+// call fn) the test fails instead of waiting for ever.
 func holdKey(t *testing.T, b *testBundle, k idem.Key) (<-chan error, func(commit bool)) {
 	t.Helper()
 	entered := make(chan struct{})
@@ -443,9 +444,19 @@ func holdKey(t *testing.T, b *testBundle, k idem.Key) (<-chan error, func(commit
 			return err
 		})
 	}()
-	<-entered
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("holdKey: the holder's transaction ended before it held key %q: %v", k.ID, err)
+	case <-time.After(holdTimeout):
+		t.Fatalf("holdKey: key %q was not held within %s", k.ID, holdTimeout)
+	}
 	return done, func(commit bool) { proceed <- commit }
 }
+
+// holdTimeout bounds how long holdKey waits for its holder to get the key: a guard against a
+// hang, not a timing the tests rely on.
+const holdTimeout = 30 * time.Second
 
 // waitForWaiter blocks until some other session has polled for a key lock at least once more
 // than the holder did, which shows that a waiting Do is inside its wait loop.

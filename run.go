@@ -138,7 +138,7 @@ func runAttempt[T any](ctx context.Context, acquire func(context.Context) (*pgx.
 	t := &ownedTx{Tx: br.Tx()}
 	open := true
 	defer func() {
-		t.closed = true // a t kept past fn's return must not reach a connection now pooled
+		t.closed.Store(true) // a t kept past fn's return must not reach a connection now pooled
 		if open && !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
 			// Runs on errors and on panics alike; a connection that cannot roll back is closed,
 			// which ends the transaction on the server and makes the pool drop it.

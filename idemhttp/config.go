@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/tx"
 )
@@ -20,19 +22,21 @@ const (
 	DefaultUnavailableRetry = 2 * time.Second
 )
 
-// DefaultMethods are the methods the middleware guards, and the Transport keys, by default. GET,
-// PUT and DELETE are idempotent by definition in HTTP and need no key.
+// DefaultMethods returns the methods the middleware guards, and the Transport keys, by default:
+// POST and PATCH. GET, PUT and DELETE are idempotent by definition in HTTP and need no key. It
+// returns a new slice on every call, so a caller may append to it.
 //
-//	cfg.Methods = append(slices.Clone(idemhttp.DefaultMethods), http.MethodDelete)
-var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
+//	cfg.Methods = append(idemhttp.DefaultMethods(), http.MethodDelete)
+func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
 // Config configures [Middleware]. Scope is required; every other zero value means the default
-// named on the field.
+// named on the field. Middleware checks every field when it is called and returns an error that
+// names a bad one, so a wrong setting fails at start-up, not on the first request.
 //
 //	mw, err := idemhttp.Middleware(pool, &idemhttp.Config{
 //		Scope:      func(r *http.Request) string { return "user:" + userID(r.Context()) },
 //		RequireKey: true,
-//		KeyOptions: []idem.Option{idem.TTL(48 * time.Hour)},
+//		TTL:        48 * time.Hour,
 //	})
 type Config struct {
 	// Scope returns the principal (tenant, user, API client) a request acts for. Keys are
@@ -107,12 +111,41 @@ type Config struct {
 	// Use it when the middleware wraps a whole router; see [Route] for the other way.
 	Route func(r *http.Request) *RouteConfig
 
-	// KeyOptions are passed to idem.Do: idem.TTL, idem.Wait (a duplicate waits for the first
-	// request instead of getting 409 at once), idem.RetryAfter, idem.Schema.
-	KeyOptions []idem.Option
+	// Redact changes what is stored of a response before it is stored; see [Redactor]. A
+	// [RouteConfig] can set its own. Default: nil, store the response as the client gets it.
+	Redact Redactor
 
-	// TxOptions are passed to tx.Run: tx.Isolation, tx.MaxAttempts, tx.Backoff.
-	TxOptions []tx.Option
+	// TTL is how long a stored response is kept and replayed ([idem.TTL]); a retry after that
+	// runs the handler again. Pick it longer than your clients keep retrying. Default:
+	// [idem.DefaultTTL] (24 hours). It cannot be less than one second.
+	TTL time.Duration
+
+	// Wait makes a duplicate that arrives while the first request with its key is running wait
+	// up to Wait and then get the first request's response, instead of a 409 at once
+	// ([idem.Wait]). A waiting request holds a connection. Default: 0, answer 409 at once.
+	Wait time.Duration
+
+	// InFlightRetryAfter is the Retry-After of a 409 (idempotency-key-in-flight): how long a
+	// client should wait before asking again ([idem.RetryAfter]). Default: one second, which is
+	// also the least.
+	InFlightRetryAfter time.Duration
+
+	// Schema is the Postgres schema that holds idem's tables ([idem.Schema]); give idem.Migrate
+	// the same. Default: "", unqualified, so that search_path decides.
+	Schema string
+
+	// Isolation is the isolation level of each request's transaction ([tx.Isolation]). Default:
+	// the server's (normally READ COMMITTED).
+	Isolation pgx.TxIsoLevel
+
+	// MaxAttempts bounds how many times the middleware runs a request's transaction, the first
+	// time included, when Postgres aborts it with a serialization failure or deadlock or its
+	// COMMIT's answer is lost ([tx.MaxAttempts]). Default: 10. 1 turns retrying off.
+	MaxAttempts int
+
+	// MinBackoff and MaxBackoff bound the random wait before running a transaction again
+	// ([tx.Backoff]). Defaults: 5ms and 500ms (or MinBackoff, if that is more).
+	MinBackoff, MaxBackoff time.Duration
 
 	// ProblemTypeBase starts the type URI of the middleware's problems. Default:
 	// [DefaultProblemTypeBase].
@@ -150,6 +183,10 @@ type RouteConfig struct {
 
 	// Store replaces Config.Store for the route. 5xx is still never stored.
 	Store func(status int) bool
+
+	// Redact replaces Config.Redact for the route, for a route whose response carries a secret
+	// shown once (an API key at creation, say).
+	Redact Redactor
 }
 
 // settings is a validated Config with defaults filled in.
@@ -157,7 +194,15 @@ type settings struct {
 	Config
 	methods   map[string]bool
 	dropExtra map[string]bool
+	keyOpts   []idem.Option // the Config's fields for idem.Do
+	txOpts    []tx.Option   // and for tx.Run
 }
+
+// Defaults of tx.Run's backoff, which Config.MinBackoff and MaxBackoff fall back to.
+const (
+	defaultMinBackoff = 5 * time.Millisecond
+	defaultMaxBackoff = 500 * time.Millisecond
+)
 
 func newSettings(cfg *Config) (*settings, error) {
 	if cfg == nil {
@@ -169,7 +214,7 @@ func newSettings(cfg *Config) (*settings, error) {
 		return nil, errors.New("idemhttp: Scope cannot be nil: set it to a function that returns the principal a request acts for (see HeaderScope)")
 	}
 	if len(c.Methods) == 0 {
-		c.Methods = DefaultMethods
+		c.Methods = DefaultMethods()
 	}
 	s.methods = make(map[string]bool, len(c.Methods))
 	for _, m := range c.Methods {
@@ -225,7 +270,67 @@ func newSettings(cfg *Config) (*settings, error) {
 	for _, h := range c.DropHeaders {
 		s.dropExtra[textproto.CanonicalMIMEHeaderKey(h)] = true
 	}
+	if err := s.storeOptions(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// storeOptions checks the fields passed on to idem.Do and tx.Run, by the rules those apply, and
+// turns them into their options: an error here names the Config field, where one from idem or
+// tx at request time would be a 503 on every request.
+func (s *settings) storeOptions() error {
+	c := &s.Config
+	switch {
+	case c.TTL != 0 && c.TTL < time.Second:
+		return fmt.Errorf("idemhttp: TTL cannot be less than one second (got %s)", c.TTL)
+	case c.Wait < 0:
+		return fmt.Errorf("idemhttp: Wait cannot be negative (got %s)", c.Wait)
+	case c.InFlightRetryAfter != 0 && c.InFlightRetryAfter < time.Second:
+		return fmt.Errorf("idemhttp: InFlightRetryAfter cannot be less than one second (got %s)", c.InFlightRetryAfter)
+	case len(c.Schema) > 63:
+		return fmt.Errorf("idemhttp: Schema cannot be longer than 63 bytes, Postgres's limit for a name (got %d bytes)", len(c.Schema))
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("idemhttp: MaxAttempts cannot be negative (got %d)", c.MaxAttempts)
+	case c.MinBackoff < 0:
+		return fmt.Errorf("idemhttp: MinBackoff cannot be negative (got %s)", c.MinBackoff)
+	case c.MaxBackoff < 0:
+		return fmt.Errorf("idemhttp: MaxBackoff cannot be negative (got %s)", c.MaxBackoff)
+	case c.MaxBackoff != 0 && c.MaxBackoff < c.MinBackoff:
+		return fmt.Errorf("idemhttp: MaxBackoff cannot be less than MinBackoff (got %s and %s)", c.MaxBackoff, c.MinBackoff)
+	}
+	switch c.Isolation {
+	case "", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
+	default:
+		return fmt.Errorf("idemhttp: Isolation must be one of pgx.ReadCommitted, pgx.RepeatableRead and pgx.Serializable (got %q)", c.Isolation)
+	}
+	if c.TTL != 0 {
+		s.keyOpts = append(s.keyOpts, idem.TTL(c.TTL))
+	}
+	if c.Wait != 0 {
+		s.keyOpts = append(s.keyOpts, idem.Wait(c.Wait))
+	}
+	if c.InFlightRetryAfter == 0 {
+		c.InFlightRetryAfter = time.Second
+	}
+	s.keyOpts = append(s.keyOpts, idem.RetryAfter(c.InFlightRetryAfter))
+	if c.Schema != "" {
+		s.keyOpts = append(s.keyOpts, idem.Schema(c.Schema))
+	}
+	if c.Isolation != "" {
+		s.txOpts = append(s.txOpts, tx.Isolation(c.Isolation))
+	}
+	if c.MaxAttempts != 0 {
+		s.txOpts = append(s.txOpts, tx.MaxAttempts(c.MaxAttempts))
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = defaultMinBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = max(defaultMaxBackoff, c.MinBackoff)
+	}
+	s.txOpts = append(s.txOpts, tx.Backoff(c.MinBackoff, c.MaxBackoff))
+	return nil
 }
 
 // route is the configuration in force for one request.
@@ -234,10 +339,11 @@ type route struct {
 	required    bool
 	fingerprint FingerprintFunc
 	store       func(int) bool
+	redact      Redactor
 }
 
 func (s *settings) resolve(rc *RouteConfig) route {
-	rt := route{rc: rc, required: s.RequireKey, fingerprint: s.Fingerprint, store: s.Store}
+	rt := route{rc: rc, required: s.RequireKey, fingerprint: s.Fingerprint, store: s.Store, redact: s.Redact}
 	if rc == nil {
 		return rt
 	}
@@ -252,6 +358,9 @@ func (s *settings) resolve(rc *RouteConfig) route {
 	}
 	if rc.Store != nil {
 		rt.store = rc.Store
+	}
+	if rc.Redact != nil {
+		rt.redact = rc.Redact
 	}
 	return rt
 }

@@ -14,12 +14,44 @@
 //	mux.Handle("POST /orders", mw(http.HandlerFunc(createOrder)))
 //
 // The handler writes through [Tx], the transaction that holds the key: its rows and River jobs
-// commit with the stored response, or not at all.
+// commit with the stored response, or not at all. [Key] tells it the key the middleware used.
+//
+// A stored response is kept whole, every header but the ones left out and the whole body, for
+// Config.TTL, and replayed to anyone who sends its key in its scope. A secret shown once (an API
+// key at creation) is stored and replayed with it unless a [Redactor] takes it out.
 //
 // Client:
 //
 //	client := &http.Client{Transport: &idemhttp.Transport{}}
 //	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+//
+// Other retrying clients work too once they retry a 409 after its Retry-After, which generic
+// policies do not: with go-retryablehttp, set its CheckRetry to [RetryPolicy] and its Backoff to
+// [RetryBackoff], and send the same Idempotency-Key on every attempt.
+//
+// # Routers
+//
+// The middleware is a func(http.Handler) http.Handler: net/http and chi take it as it is
+// (chi's Use or With). In gin, wrap it with the idemgin module's
+// Middleware (github.com/idemkit/idem/idemhttp/idemgin). In echo (v4), echo.WrapMiddleware
+// works only for handlers that write their errors themselves: a handler that returns an error
+// is answered by echo's HTTPErrorHandler after the whole chain has returned, that is after the
+// middleware stored and sent an empty 200. Write the error inside instead:
+//
+//	func idemEcho(mw func(http.Handler) http.Handler) echo.MiddlewareFunc {
+//		return func(next echo.HandlerFunc) echo.HandlerFunc {
+//			return func(c echo.Context) error {
+//				mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//					c.SetRequest(r)
+//					c.SetResponse(echo.NewResponse(w, c.Echo()))
+//					if err := next(c); err != nil {
+//						c.Error(err) // answered inside: stored (4xx) or rolled back (5xx)
+//					}
+//				})).ServeHTTP(c.Response(), c.Request())
+//				return nil
+//			}
+//		}
+//	}
 //
 // # Problems
 //

@@ -13,22 +13,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/idemtest"
 )
 
 // examplePool returns a pool on a fresh database with idem migrated and an orders table. The
 // caller closes it.
 func examplePool(ctx context.Context) *pgxpool.Pool {
-	dbURL := pgtemp.NewExampleDB()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := idem.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
+	pool := idemtest.NewExamplePool(nil)
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, sku text NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}

@@ -2,8 +2,8 @@ package idemhttp_test
 
 import (
 	"net/http"
-	"net/url"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -12,7 +12,6 @@ import (
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/pgtemp"
-	"github.com/idemkit/idem/tx"
 )
 
 // TestStoreFaults puts a Postgres-aware proxy between the middleware and the database.
@@ -23,12 +22,7 @@ func TestStoreFaults(t *testing.T) {
 	// pool goes through the proxy.
 	faultySetup := func(t *testing.T) (*testBundle, *faultproxy.Proxy, func(http.Handler) http.Handler) {
 		dbURL := pgtemp.NewDB(t)
-		u, err := url.Parse(dbURL)
-		require.NoError(t, err)
-		proxy, err := faultproxy.New(u.Host)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = proxy.Close() })
-
+		proxied, proxy := faultproxy.NewPool(t, dbURL)
 		direct, err := pgxpool.New(t.Context(), dbURL)
 		require.NoError(t, err)
 		t.Cleanup(direct.Close)
@@ -36,10 +30,7 @@ func TestStoreFaults(t *testing.T) {
 		_, err = direct.Exec(t.Context(), `CREATE TABLE effects (id bigserial PRIMARY KEY, note text NOT NULL)`)
 		require.NoError(t, err)
 
-		proxied, err := pgxpool.New(t.Context(), proxy.URL(dbURL))
-		require.NoError(t, err)
-		t.Cleanup(proxied.Close)
-		mw, err := idemhttp.Middleware(proxied, &idemhttp.Config{Scope: userScope, TxOptions: []tx.Option{tx.Backoff(0, 0)}, Logger: quietLogger()})
+		mw, err := idemhttp.Middleware(proxied, &idemhttp.Config{Scope: userScope, MinBackoff: time.Microsecond, Logger: testLogger(t)})
 		require.NoError(t, err)
 		return &testBundle{ctx: t.Context(), pool: direct}, proxy, mw
 	}

@@ -9,7 +9,9 @@ import (
 	"mime"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
@@ -80,7 +82,9 @@ var errNotCanonicalizable = errors.New("idemhttp: body cannot be put in canonica
 // same bytes. Numbers are kept as written (1.0 and 1 stay different: the handler may well tell
 // them apart). Members with the same key keep their relative order, so a decoder that lets the
 // last one win sees the same value before and after. data must be one valid UTF-8 JSON value,
-// nested at most 512 deep, or CanonicalJSON returns an error.
+// nested at most 512 deep, without an unpaired surrogate escape (a \uD800–\uDFFF that is not
+// half of a pair), or CanonicalJSON returns an error. [DefaultFingerprint] then digests the body
+// as it is.
 //
 //	a, _ := idemhttp.CanonicalJSON([]byte(`{"b": [1, 2], "a": "x"}`))
 //	b, _ := idemhttp.CanonicalJSON([]byte(`{"a":"x","b":[1,2]}`))
@@ -89,6 +93,11 @@ func CanonicalJSON(data []byte) ([]byte, error) {
 	// The decoder turns invalid UTF-8 into U+FFFD, which would make different bodies equal.
 	if !utf8.Valid(data) {
 		return nil, fmt.Errorf("%w: it is not valid UTF-8", errNotCanonicalizable)
+	}
+	// So does an escaped surrogate half without its partner: "\ud800", "\udfff" and "\ufffd"
+	// would all come out as U+FFFD.
+	if off := loneSurrogate(data); off >= 0 {
+		return nil, fmt.Errorf("%w: the escape at offset %d is half of a UTF-16 surrogate pair without the other half", errNotCanonicalizable, off)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -197,4 +206,49 @@ func writeString(out *bytes.Buffer, s string) {
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(s)           // a string always encodes
 	out.Truncate(out.Len() - 1) // Encode's newline
+}
+
+// loneSurrogate returns the offset of the first \u escape, inside a string, of a UTF-16
+// surrogate half that is not part of a high-low pair, or -1 if there is none. It expects JSON;
+// on anything else its answer does not matter, since the decoder refuses it.
+func loneSurrogate(data []byte) int {
+	inString := false
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; {
+		case !inString:
+			inString = c == '"'
+		case c == '"':
+			inString = false
+		case c == '\\':
+			u, ok := escapedUnit(data, i)
+			if !ok {
+				i++ // a one-character escape such as \" or \\
+				continue
+			}
+			switch {
+			case utf16.IsSurrogate(u) && u < 0xdc00: // high: a low one must follow at once
+				if low, ok := escapedUnit(data, i+6); ok && low >= 0xdc00 && low <= 0xdfff {
+					i += 11
+					continue
+				}
+				return i
+			case utf16.IsSurrogate(u): // low, without a high one before it
+				return i
+			}
+			i += 5
+		}
+	}
+	return -1
+}
+
+// escapedUnit reads a \uXXXX escape at data[i:], if there is one.
+func escapedUnit(data []byte, i int) (rune, bool) {
+	if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+	if err != nil {
+		return 0, false
+	}
+	return rune(v), true
 }

@@ -43,6 +43,18 @@ func TestDefaultFingerprint(t *testing.T) {
 	require.NotEqual(t, fp("POST", "/a", "text/plain", `{"a":1}`), fp("POST", "/a", "text/plain", `{"a": 1}`))
 	// Invalid JSON is compared as bytes.
 	require.NotEqual(t, fp("POST", "/a", "application/json", `{"a":`), fp("POST", "/a", "application/json", `{"a": `))
+
+	// encoding/json decodes an unpaired surrogate escape to U+FFFD, so a canonical form would
+	// make these three bodies one request; they are three, and a key reused across them must
+	// be refused, not replayed.
+	surrogates := map[string]string{}
+	for _, body := range []string{`{"name":"\ud800"}`, `{"name":"\udfff"}`, `{"name":"\ufffd"}`, `{"name":"\udc00\ud800"}`} {
+		f := fp("POST", "/a", "application/json", body)
+		require.NotContains(t, surrogates, f, "%s has the fingerprint of %s", body, surrogates[f])
+		surrogates[f] = body
+	}
+	// A proper pair is one character, escaped or not.
+	require.Equal(t, fp("POST", "/a", "application/json", `{"name":"\ud83d\ude00"}`), fp("POST", "/a", "application/json", `{"name":"😀"}`))
 }
 
 func TestCanonicalJSON(t *testing.T) {
@@ -52,12 +64,18 @@ func TestCanonicalJSON(t *testing.T) {
 		`"<\u0026>"`:      `"<&>"`,
 		`{"a":2,"a":1}`:   `{"a":2,"a":1}`,
 		`[1.50, -0, 1e3]`: `[1.50,-0,1e3]`,
+		`"\ud83d\ude00"`:  `"😀"`,
+		`"\\ud800"`:       `"\\ud800"`,  // an escaped backslash, not an escape
+		`"\ufffd"`:        "\"\uFFFD\"", // the character itself, which a lone surrogate is not
 	} {
 		got, err := idemhttp.CanonicalJSON([]byte(in))
 		require.NoError(t, err, in)
 		require.Equal(t, want, string(got), in)
 	}
-	for _, bad := range []string{``, `{`, `{"a":1}x`, `1 2`, "\"\xff\"", strings.Repeat("[", 600) + strings.Repeat("]", 600)} {
+	for _, bad := range []string{
+		``, `{`, `{"a":1}x`, `1 2`, "\"\xff\"", strings.Repeat("[", 600) + strings.Repeat("]", 600),
+		`"\ud800"`, `"\uDFFF"`, `{"\udbff":1}`, `["\ud800\u0041"]`, `"\ud800\ud800"`, `"x\udc00"`,
+	} {
 		_, err := idemhttp.CanonicalJSON([]byte(bad))
 		require.Error(t, err, bad)
 	}

@@ -49,10 +49,11 @@ func ParseKey(value string) (string, error) {
 			b.WriteByte(value[i])
 		case c == '"':
 			if rest := strings.TrimRight(value[i+1:], " \t"); rest != "" {
+				// Quoted in part only: the rest of the field can be as long as the header limit.
 				if rest[0] == ';' {
-					return "", fmt.Errorf("%w: the key has parameters (%q), which this server does not accept; send the quoted key alone", idem.ErrInvalidKey, rest)
+					return "", fmt.Errorf("%w: the key has parameters (%q), which this server does not accept; send the quoted key alone", idem.ErrInvalidKey, excerpt(rest))
 				}
-				return "", fmt.Errorf("%w: the quoted key is followed by %q; send one quoted string", idem.ErrInvalidKey, rest)
+				return "", fmt.Errorf("%w: the quoted key is followed by %q; send one quoted string", idem.ErrInvalidKey, excerpt(rest))
 			}
 			return validated(b.String())
 		case c < 0x20 || c > 0x7e:

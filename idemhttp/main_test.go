@@ -52,6 +52,9 @@ func (b *testBundle) middleware(t testing.TB, cfg *idemhttp.Config) func(http.Ha
 	if cfg.Scope == nil {
 		cfg.Scope = userScope
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
 	mw, err := idemhttp.Middleware(b.pool, cfg)
 	require.NoError(t, err)
 	return mw
@@ -131,5 +134,6 @@ func itoa(n int64) string {
 	return string(b)
 }
 
-// quietLogger keeps expected server-side errors out of the test output.
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+// testLogger sends the middleware's server-side errors to the test's output, where they show
+// with the test that caused them (go test -v, or when it fails).
+func testLogger(t testing.TB) *slog.Logger { return slog.New(slog.NewTextHandler(t.Output(), nil)) }

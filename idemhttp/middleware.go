@@ -18,7 +18,8 @@ import (
 // Middleware returns net/http middleware that makes the requests it guards safe to retry: a
 // request carrying an Idempotency-Key runs its handler at most once per key and scope, and every
 // retry gets the first answer back. It works with anything that takes a
-// func(http.Handler) http.Handler (net/http, chi's Use, gorilla's Use, echo's WrapMiddleware).
+// func(http.Handler) http.Handler (net/http, chi's Use, gorilla's Use); for gin and echo, see
+// the package documentation.
 //
 // For a guarded request (a POST or PATCH, see Config.Methods) with a key, the middleware parses
 // the key (400 if malformed), finds the scope (Config.Scope), reads the body (413 above
@@ -88,9 +89,10 @@ type middleware struct {
 
 // guardState travels in the request context of a guarded request.
 type guardState struct {
-	m  *middleware
-	rc *RouteConfig
-	tx pgx.Tx // nil when the request has no key
+	m   *middleware
+	rc  *RouteConfig
+	tx  pgx.Tx   // nil when the request has no key
+	key idem.Key // set with tx
 }
 
 type ctxKey struct{}
@@ -109,7 +111,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	values := r.Header.Values(m.cfg.KeyHeader)
 	if len(values) == 0 {
 		if rt.required {
-			m.writeProblem(w, problemKeyMissing, 0, 0, fmt.Sprintf("%s %s requires an %s header. Send a unique value, such as a UUID, and reuse it on every retry of this request.", r.Method, r.URL.Path, m.cfg.KeyHeader))
+			m.writeProblem(w, problemKeyMissing, 0, 0, fmt.Sprintf("%s %s requires an %s header. Send a unique value, such as a UUID, and reuse it on every retry of this request.", r.Method, excerpt(r.URL.Path), m.cfg.KeyHeader))
 			return
 		}
 		// Marked, so that a Route further in can tell it was configured (see Route).
@@ -178,31 +180,31 @@ var (
 
 func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Handler, rt route, key idem.Key, body []byte) {
 	var (
-		out   storedResponse
+		out   StoredResponse
 		fresh *recorder // the handler's response, when this request's attempt stored it
 		last  *recorder // the handler's response in the last attempt, stored or not
 	)
 	err := tx.Run(r.Context(), m.db, func(ctx context.Context, t pgx.Tx) error {
 		fresh, last = nil, nil
 		var err error
-		out, err = idem.Do(ctx, t, key, func(ctx context.Context, t pgx.Tx) (storedResponse, error) {
-			rec, err := m.runHandler(ctx, t, w, r, next, rt, body)
+		out, err = idem.Do(ctx, t, key, func(ctx context.Context, t pgx.Tx) (StoredResponse, error) {
+			rec, err := m.runHandler(ctx, t, w, r, next, rt, key, body)
 			last = rec
 			switch {
 			case err != nil:
-				return storedResponse{}, err // retryable: tx.Run runs the handler again
+				return StoredResponse{}, err // retryable: tx.Run runs the handler again
 			case rec.streamed:
-				return storedResponse{}, errStreamed
+				return StoredResponse{}, errStreamed
 			case rec.tooLarge:
-				return storedResponse{}, errRespTooBig
+				return StoredResponse{}, errRespTooBig
 			case rec.status >= 500 || !rt.store(rec.status):
-				return storedResponse{}, errNotStorable
+				return StoredResponse{}, errNotStorable
 			}
 			fresh = rec
-			return m.storable(rec), nil
-		}, m.cfg.KeyOptions...)
+			return redacted(rt, r, m.storable(rec)), nil
+		}, m.cfg.keyOpts...)
 		return err
-	}, m.cfg.TxOptions...)
+	}, m.cfg.txOpts...)
 
 	var inFlight *idem.InFlightError
 	switch {
@@ -242,10 +244,10 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 
 // runHandler runs the handler once, into a fresh buffer, with t reachable through Tx. The error
 // is the retryable one a statement reported, if any (see watchedTx).
-func (m *middleware) runHandler(ctx context.Context, t pgx.Tx, w http.ResponseWriter, r *http.Request, next http.Handler, rt route, body []byte) (*recorder, error) {
+func (m *middleware) runHandler(ctx context.Context, t pgx.Tx, w http.ResponseWriter, r *http.Request, next http.Handler, rt route, key idem.Key, body []byte) (*recorder, error) {
 	rec := newRecorder(w, m.cfg.MaxResponseBytes)
 	wt := &watchedTx{Tx: t, w: &watch{}, top: true}
-	r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, &guardState{m: m, rc: rt.rc, tx: wt}))
+	r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, &guardState{m: m, rc: rt.rc, tx: wt, key: key}))
 	// Each attempt reads the body from the start.
 	r2.Body = io.NopCloser(bytes.NewReader(body))
 	r2.ContentLength = int64(len(body))

@@ -8,12 +8,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/tx"
 )
 
 // TestMiddleware walks the status table in Middleware's doc comment, one row per subtest.
@@ -138,6 +138,25 @@ func TestMiddleware(t *testing.T) {
 		require.Zero(t, b.runs.Load())
 	})
 
+	t.Run("ProblemDetailsEchoLittleOfTheRequest", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		h := b.middleware(t, &idemhttp.Config{RequireKey: true})(http.HandlerFunc(b.create))
+		// A client controls the header and the path, up to the server's header limit (1 MB
+		// by default). The detail quotes a little of them, never all.
+		tail := strings.Repeat("A", 1<<20)
+		for _, value := range []string{`"k1";` + tail, `"k1" ` + tail} {
+			r := request("POST", "/effects", "", "")
+			r.Header.Set("Idempotency-Key", value)
+			p := problem(t, serve(h, r), http.StatusBadRequest, "idempotency-key-invalid")
+			require.Less(t, len(p.Detail), 1100, "the detail echoes the header")
+			require.Contains(t, p.Detail, "AAAA", "the detail should still show where the header went wrong")
+		}
+		p := problem(t, serve(h, request("POST", "/"+tail, "", "")), http.StatusBadRequest, "idempotency-key-missing")
+		require.Less(t, len(p.Detail), 1100, "the detail echoes the path")
+		require.Zero(t, b.runs.Load())
+	})
+
 	t.Run("NoIdentityIs400", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -151,7 +170,7 @@ func TestMiddleware(t *testing.T) {
 	t.Run("InvalidScopeIs500", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		h := b.middleware(t, &idemhttp.Config{Scope: func(*http.Request) string { return strings.Repeat("s", 256) }, Logger: quietLogger()})(http.HandlerFunc(b.create))
+		h := b.middleware(t, &idemhttp.Config{Scope: func(*http.Request) string { return strings.Repeat("s", 256) }, Logger: testLogger(t)})(http.HandlerFunc(b.create))
 		problem(t, serve(h, request("POST", "/effects", "k1", "")), http.StatusInternalServerError, "idempotency-misconfigured")
 		require.Zero(t, b.runs.Load())
 	})
@@ -325,7 +344,7 @@ func TestMiddleware(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
 		ran := false
-		mw, err := idemhttp.Middleware(pool, &idemhttp.Config{Scope: userScope, TxOptions: []tx.Option{tx.MaxAttempts(2), tx.Backoff(0, 0)}, Logger: quietLogger()})
+		mw, err := idemhttp.Middleware(pool, &idemhttp.Config{Scope: userScope, MaxAttempts: 2, MinBackoff: time.Microsecond, Logger: testLogger(t)})
 		require.NoError(t, err)
 		h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true }))
 		w := serve(h, request("POST", "/effects", "k1", ""))
@@ -337,7 +356,7 @@ func TestMiddleware(t *testing.T) {
 	t.Run("SerializationFailureRunsHandlerAgain", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		h := b.middleware(t, &idemhttp.Config{TxOptions: []tx.Option{tx.Backoff(0, 0)}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := b.middleware(t, &idemhttp.Config{MinBackoff: time.Microsecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if b.runs.Load() == 0 {
 				b.runs.Add(1)
 				dbtx, _ := idemhttp.Tx(r.Context())
@@ -379,7 +398,7 @@ func TestMiddleware(t *testing.T) {
 	t.Run("FailedStatementAnsweredSuccessIs500", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		h := b.middleware(t, &idemhttp.Config{Logger: quietLogger()})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := b.middleware(t, &idemhttp.Config{Logger: testLogger(t)})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			dbtx, _ := idemhttp.Tx(r.Context())
 			_, _ = dbtx.Exec(r.Context(), `SELECT 1/0`)
 			w.WriteHeader(http.StatusCreated)

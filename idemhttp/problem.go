@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultProblemTypeBase starts the "type" URI of every problem the middleware answers with; the
@@ -50,6 +51,26 @@ var (
 	problemUnavailable    = problemKind{"idempotency-store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
 )
 
+// maxDetail bounds a problem's detail; maxEcho the part of it quoted from the request. A detail
+// that repeated a client's header or path in full would let a client make the server write,
+// and log, a megabyte per request.
+const (
+	maxDetail = 1024
+	maxEcho   = 64
+)
+
+// excerpt returns s, or its first maxEcho bytes (on a rune boundary) followed by "…".
+func excerpt(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	cut := maxEcho
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
 // writeProblem answers with an RFC 9457 problem. status overrides the kind's when non-zero (the
 // mismatch status is configurable); retryAfter > 0 adds a Retry-After header in whole seconds.
 func (m *middleware) writeProblem(w http.ResponseWriter, kind problemKind, status int, retryAfter time.Duration, detail string) {
@@ -62,6 +83,13 @@ func (m *middleware) writeProblem(w http.ResponseWriter, kind problemKind, statu
 	h.Set("Cache-Control", "no-store")
 	if retryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(retryAfter), 10))
+	}
+	if len(detail) > maxDetail {
+		cut := maxDetail
+		for cut > 0 && !utf8.RuneStart(detail[cut]) {
+			cut--
+		}
+		detail = detail[:cut] + "…"
 	}
 	body, _ := json.Marshal(Problem{Type: m.cfg.ProblemTypeBase + kind.name, Title: kind.title, Status: status, Detail: detail})
 	body = append(body, '\n')

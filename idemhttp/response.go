@@ -1,19 +1,55 @@
 package idemhttp
 
 import (
+	"bytes"
 	"net/http"
 	"net/textproto"
 	"strconv"
 	"strings"
 )
 
-// storedResponse is what the middleware stores under a key and replays. Body round-trips
-// through idem's JSON as base64, so binary bodies are safe.
-type storedResponse struct {
+// StoredResponse is what the middleware stores under a key and replays to every retry: the
+// handler's status, its end-to-end headers (less the ones always left out, Set-Cookie unless
+// Config.ReplaySetCookie, and Config.DropHeaders) and its whole body. It is stored, in
+// idem's table, for Config.TTL. A [Redactor] sees it before it is stored.
+//
+//	redact := func(r *http.Request, resp *idemhttp.StoredResponse) {
+//		resp.Header.Del("X-Debug-Token")
+//	}
+type StoredResponse struct {
 	Status int         `json:"status"`
 	Header http.Header `json:"header,omitempty"`
-	Body   []byte      `json:"body,omitempty"`
+	// Body round-trips through idem's JSON as base64, so binary bodies are safe.
+	Body []byte `json:"body,omitempty"`
 }
+
+// Redactor changes what is stored of a handler's response before it is stored: the client of
+// this request gets the response as the handler wrote it, and every replay gets what the
+// Redactor left. The middleware calls it in the request's transaction, once per attempt, with a
+// copy that the Redactor may change freely, except for the status: a replay always has the
+// first answer's status.
+//
+// A response is stored whole, headers and body, for Config.TTL, and replayed to anyone who
+// sends its key within its scope. A secret shown once, such as an API key or a one-time
+// password returned at creation, would be stored in the database and shown again by every
+// replay. Redact it, and make the redacted body say so, since a client whose first answer was
+// lost (a timeout, a dropped connection, a lost COMMIT acknowledgement) gets the replay:
+//
+//	idemhttp.Route(&idemhttp.RouteConfig{
+//		Redact: func(r *http.Request, resp *idemhttp.StoredResponse) {
+//			var key apiKey
+//			if json.Unmarshal(resp.Body, &key) == nil && key.Secret != "" {
+//				key.Secret, key.SecretShown = "", true // "shown once; rotate it if it was lost"
+//				resp.Body, _ = json.Marshal(key)
+//			}
+//		},
+//	}, createAPIKey)
+//
+// A Redactor cannot refuse to store a response: the response is what the key's row records,
+// and committing the handler's effects without it would let a retry run them again. A handler
+// that must not commit answers 5xx, or Store returns false for its status; then nothing is
+// stored and nothing of the transaction commits, and the retry runs afresh.
+type Redactor func(r *http.Request, resp *StoredResponse)
 
 // alwaysDropped are never stored: hop-by-hop headers (RFC 9110, section 7.6.1) belong to one
 // connection, Date to one moment, and Content-Length is recomputed when the body is written.
@@ -33,7 +69,7 @@ var alwaysDropped = map[string]bool{
 
 // storable returns the part of a handler's response that is stored: its status, body and
 // end-to-end headers, minus the ones configured away.
-func (m *middleware) storable(rec *recorder) storedResponse {
+func (m *middleware) storable(rec *recorder) StoredResponse {
 	h := make(http.Header, len(rec.sent))
 	// Headers named in Connection are hop-by-hop too.
 	perConn := map[string]bool{}
@@ -55,7 +91,24 @@ func (m *middleware) storable(rec *recorder) storedResponse {
 	if len(h) == 0 {
 		h = nil
 	}
-	return storedResponse{Status: rec.status, Header: h, Body: rec.body.Bytes()}
+	return StoredResponse{Status: rec.status, Header: h, Body: rec.body.Bytes()}
+}
+
+// redacted applies the route's Redactor to a copy of resp, keeping the status.
+func redacted(rt route, r *http.Request, resp StoredResponse) StoredResponse {
+	if rt.redact == nil {
+		return resp
+	}
+	out := StoredResponse{Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
+	if out.Header == nil {
+		out.Header = make(http.Header)
+	}
+	rt.redact(r, &out)
+	out.Status = resp.Status
+	if len(out.Header) == 0 {
+		out.Header = nil
+	}
+	return out
 }
 
 // writeResponse sends a response from a buffer: the handler's own (header is all it set) or a

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
 )
 
 // Route attaches per-route configuration to a handler. The middleware reads it before anything
@@ -79,6 +81,28 @@ func Tx(ctx context.Context) (pgx.Tx, bool) {
 		return nil, false
 	}
 	return st.tx, true
+}
+
+// Key returns the idempotency key of the guarded request ctx belongs to, as the middleware uses
+// it: the scope from Config.Scope, the ID parsed from the Idempotency-Key header (unquoted) and
+// the request's fingerprint. ok is false when [Tx] has no transaction for ctx either: the
+// request has no key, or a method the middleware does not guard. Use it to record which
+// request a row belongs to, or to derive keys for calls to other services, without parsing the
+// header again.
+//
+//	func createOrder(w http.ResponseWriter, r *http.Request) {
+//		t, _ := idemhttp.Tx(r.Context())
+//		key, _ := idemhttp.Key(r.Context())
+//		_, err := t.Exec(r.Context(), `INSERT INTO orders (scope, request_key) VALUES ($1, $2)`,
+//			key.Scope, key.ID)
+//		...
+//	}
+func Key(ctx context.Context) (idem.Key, bool) {
+	st, ok := ctx.Value(ctxKey{}).(*guardState)
+	if !ok || st.tx == nil {
+		return idem.Key{}, false
+	}
+	return st.key, true
 }
 
 // HeaderScope returns a Config.Scope that scopes keys by the value of a request header, such as

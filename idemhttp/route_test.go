@@ -56,7 +56,7 @@ func TestRoute(t *testing.T) {
 		b := setup(t)
 		mux := http.NewServeMux()
 		mux.Handle("POST /required", idemhttp.Route(required, http.HandlerFunc(b.create)))
-		h := b.middleware(t, &idemhttp.Config{Logger: quietLogger()})(mux)
+		h := b.middleware(t, &idemhttp.Config{Logger: testLogger(t)})(mux)
 		// Without the check, the route's required key would silently be optional.
 		problem(t, serve(h, request("POST", "/required", "", "")), http.StatusInternalServerError, "idempotency-misconfigured")
 		problem(t, serve(h, request("POST", "/required", "k1", "")), http.StatusInternalServerError, "idempotency-misconfigured")
@@ -133,4 +133,39 @@ func TestOutbox(t *testing.T) {
 		require.Zero(t, b.effects(t))
 		require.Zero(t, b.storedKeys(t))
 	})
+}
+
+// TestKey checks that a handler sees the key the middleware used, without parsing the header.
+func TestKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var (
+		got idem.Key
+		ok  bool
+	)
+	h := b.middleware(t, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok = idemhttp.Key(r.Context())
+		w.WriteHeader(http.StatusNoContent)
+	}))
+
+	r := request("POST", "/x?y=1", "", `{"a":1}`)
+	r.Header.Set("Idempotency-Key", `"k-\"1\""`) // quoted, with escapes: the ID is unquoted
+	require.Equal(t, http.StatusNoContent, serve(h, r).Code)
+	require.True(t, ok)
+	require.Equal(t, "alice", got.Scope)
+	require.Equal(t, `k-"1"`, got.ID)
+	require.Equal(t, idemhttp.DefaultFingerprint(r, []byte(`{"a":1}`)), got.Fingerprint)
+	var stored int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idem_keys WHERE scope = $1 AND id = $2`, got.Scope, got.ID).Scan(&stored))
+	require.Equal(t, 1, stored, "the key the handler sees is the one stored")
+
+	// No key, or a method the middleware does not guard: no key, as Tx has no transaction.
+	for _, r := range []*http.Request{request("POST", "/x", "", ""), request("GET", "/x", "k2", "")} {
+		got, ok = idem.Key{ID: "stale"}, true
+		serve(h, r)
+		require.False(t, ok)
+		require.Zero(t, got)
+	}
+	_, ok = idemhttp.Key(t.Context())
+	require.False(t, ok)
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/internal/backoff"
 )
 
 // Defaults used for the zero values of [Transport].
@@ -103,7 +104,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	methods := t.Methods
 	if len(methods) == 0 {
-		methods = DefaultMethods
+		methods = DefaultMethods()
 	}
 	if !slices.Contains(methods, req.Method) {
 		return base.RoundTrip(req)
@@ -143,7 +144,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		discard(resp)
-		if err := sleep(ctx, wait); err != nil {
+		if err := backoff.Sleep(ctx, wait); err != nil {
 			last := err
 			if resp != nil {
 				last = fmt.Errorf("%s", resp.Status)
@@ -155,23 +156,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // retryable decides whether an attempt's outcome calls for another attempt, and after how long.
 func (t *Transport) retryable(ctx context.Context, resp *http.Response, err error, attempt int) (time.Duration, bool) {
+	if !shouldRetry(ctx, resp, err, orDefault(t.ReplayedHeader, DefaultReplayedHeader)) {
+		return 0, false
+	}
 	if err != nil {
-		// A caller that gave up, or a server whose certificate is not trusted, will not
-		// change its mind. Anything else (refused, reset, EOF mid-response) may be a response
-		// lost on the way back, which the retry replays.
-		var certErr *tls.CertificateVerificationError
-		return t.backoff(attempt), ctx.Err() == nil && !errors.As(err, &certErr)
-	}
-	if resp.Header.Get(orDefault(t.ReplayedHeader, DefaultReplayedHeader)) == "true" {
-		return 0, false
-	}
-	switch s := resp.StatusCode; {
-	case s == http.StatusConflict, s == http.StatusTooManyRequests, s >= 500 && s != http.StatusNotImplemented:
-	default:
-		return 0, false
-	}
-	if resp.StatusCode >= 500 && permanentProblem(resp) {
-		return 0, false
+		return t.backoff(attempt), true
 	}
 	if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
 		if ra > orDefault(t.MaxRetryAfter, DefaultMaxRetryAfter) {
@@ -182,6 +171,29 @@ func (t *Transport) retryable(ctx context.Context, resp *http.Response, err erro
 		return max(ra, t.backoff(attempt)), true
 	}
 	return t.backoff(attempt), true
+}
+
+// shouldRetry is the retry decision of Transport and RetryPolicy: retry after a network error
+// (but an untrusted certificate, or a done context), a 409 (the key's first request is still
+// running), a 429 or a 5xx (but 501 and the middleware's permanent 500s), and never a response
+// marked replayed, which is the final answer whatever its status.
+func shouldRetry(ctx context.Context, resp *http.Response, err error, replayedHeader string) bool {
+	if err != nil {
+		// A caller that gave up, or a server whose certificate is not trusted, will not
+		// change its mind. Anything else (refused, reset, EOF mid-response) may be a response
+		// lost on the way back, which the retry replays.
+		var certErr *tls.CertificateVerificationError
+		return ctx.Err() == nil && !errors.As(err, &certErr)
+	}
+	if resp.Header.Get(replayedHeader) == "true" {
+		return false
+	}
+	switch s := resp.StatusCode; {
+	case s == http.StatusConflict, s == http.StatusTooManyRequests, s >= 500 && s != http.StatusNotImplemented:
+	default:
+		return false
+	}
+	return resp.StatusCode < 500 || !permanentProblem(resp)
 }
 
 // permanentProblems are the middleware's 500s that a retry of the same request cannot change:
@@ -216,22 +228,10 @@ func permanentProblem(resp *http.Response) bool {
 	return false
 }
 
-// backoff is full jitter: a random wait up to min·2^(attempt-1), capped at max.
+// backoff is the wait before retry attempt (1 for the first retry): full jitter up to
+// MinBackoff·2^(attempt-1), capped at MaxBackoff.
 func (t *Transport) backoff(attempt int) time.Duration {
-	lo, hi := orDefault(t.MinBackoff, DefaultMinBackoff), orDefault(t.MaxBackoff, DefaultMaxBackoff)
-	ceiling := lo
-	for i := 1; i < attempt && ceiling < hi; i++ {
-		if ceiling > hi/2 { // doubling would pass hi, or overflow
-			ceiling = hi
-			break
-		}
-		ceiling *= 2
-	}
-	ceiling = min(ceiling, hi)
-	if ceiling <= 0 {
-		return 0
-	}
-	return rand.N(ceiling) + 1
+	return backoff.Jitter{Min: orDefault(t.MinBackoff, DefaultMinBackoff), Max: orDefault(t.MaxBackoff, DefaultMaxBackoff)}.Wait(attempt)
 }
 
 func (t *Transport) newKey() string {
@@ -270,20 +270,6 @@ func discard(resp *http.Response) {
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
 	_ = resp.Body.Close()
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
 }
 
 func orDefault[T comparable](v, def T) T {

@@ -43,10 +43,11 @@ type outcome struct {
 	err      error
 }
 
-// final reports whether the answer is one the bank stored: what every retry must get again.
+// final reports whether the answer is one the bank stored: what every retry must get again. A
+// 404 (an account that is not the caller's) is not stored, and the clients here never get one.
 func (o *outcome) final() bool {
 	switch o.status {
-	case http.StatusOK, http.StatusCreated, http.StatusPaymentRequired, http.StatusNotFound:
+	case http.StatusOK, http.StatusCreated, http.StatusPaymentRequired:
 		return o.err == nil
 	}
 	return false

@@ -3,7 +3,6 @@ package tx_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -29,18 +28,10 @@ func setupLostCommit(t *testing.T) *lostCommitBundle {
 	ctx := context.Background()
 
 	dbURL := pgtemp.NewDB(t)
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	proxy, err := faultproxy.New(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, proxy.Close()) })
-
+	proxied, proxy := faultproxy.NewPool(t, dbURL)
 	direct, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(direct.Close)
-	proxied, err := pgxpool.New(ctx, proxy.URL(dbURL))
-	require.NoError(t, err)
-	t.Cleanup(proxied.Close)
 
 	_, err = direct.Exec(ctx, "CREATE TABLE items (id int PRIMARY KEY, n int NOT NULL DEFAULT 0)")
 	require.NoError(t, err)

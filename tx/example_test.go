@@ -10,19 +10,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/tx"
 )
 
 // examplePool returns a pool on a fresh database with an accounts table.
 // The caller closes it.
 func examplePool(ctx context.Context) *pgxpool.Pool {
-	dbURL := pgtemp.NewExampleDB()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	_, err = pool.Exec(ctx, `
+	pool := idemtest.NewExamplePool(nil)
+	_, err := pool.Exec(ctx, `
 		CREATE TABLE accounts (id text PRIMARY KEY, balance int NOT NULL CHECK (balance >= 0));
 		INSERT INTO accounts VALUES ('alice', 100), ('bob', 0)`)
 	if err != nil {

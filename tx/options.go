@@ -1,12 +1,12 @@
 package tx
 
 import (
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/backoff"
 )
 
 // Defaults used when Run is called without the corresponding option.
@@ -104,7 +104,7 @@ func ReadOnly() Option {
 func MaxAttempts(n int) Option {
 	return func(c *config) {
 		if n < 1 {
-			c.fail(fmt.Errorf("MaxAttempts must be at least 1 (got %d)", n))
+			c.fail(fmt.Errorf("tx: MaxAttempts must be at least 1 (got %d)", n))
 			return
 		}
 		c.maxAttempts = n
@@ -112,7 +112,7 @@ func MaxAttempts(n int) Option {
 }
 
 // Backoff sets how long Run waits before a retry: before the n-th retry it
-// waits a random duration between zero and min·2^(n-1), capped at max
+// waits a random duration up to min·2^(n-1), capped at max
 // ("full jitter", so that transactions that conflicted once do not collide
 // again in lockstep). The default is 5ms to 500ms. Backoff(0, 0) retries at
 // once. min cannot be negative and max cannot be less than min, or Run
@@ -124,11 +124,11 @@ func MaxAttempts(n int) Option {
 func Backoff(min, max time.Duration) Option {
 	return func(c *config) {
 		if min < 0 {
-			c.fail(errors.New("Backoff min cannot be negative"))
+			c.fail(fmt.Errorf("tx: Backoff min cannot be negative (got %s)", min))
 			return
 		}
 		if max < min {
-			c.fail(errors.New("Backoff max cannot be less than min"))
+			c.fail(fmt.Errorf("tx: Backoff max cannot be less than min (got %s and %s)", max, min))
 			return
 		}
 		c.backoffMin, c.backoffMax = min, max
@@ -137,17 +137,5 @@ func Backoff(min, max time.Duration) Option {
 
 // backoff returns the wait before the given retry (1 for the first).
 func (c *config) backoff(retry int) time.Duration {
-	ceiling := c.backoffMin
-	for i := 1; i < retry && ceiling < c.backoffMax; i++ {
-		if ceiling > c.backoffMax/2 { // doubling would pass max, or overflow
-			ceiling = c.backoffMax
-			break
-		}
-		ceiling *= 2
-	}
-	ceiling = min(ceiling, c.backoffMax)
-	if ceiling <= 0 {
-		return 0
-	}
-	return rand.N(ceiling)
+	return backoff.Jitter{Min: c.backoffMin, Max: c.backoffMax}.Wait(retry)
 }

@@ -233,9 +233,9 @@ func TestRun(t *testing.T) {
 			opt  tx.Option
 			want string
 		}{
-			{tx.MaxAttempts(0), "MaxAttempts must be at least 1 (got 0)"},
-			{tx.Backoff(-time.Second, time.Second), "Backoff min cannot be negative"},
-			{tx.Backoff(time.Second, time.Millisecond), "Backoff max cannot be less than min"},
+			{tx.MaxAttempts(0), "tx: MaxAttempts must be at least 1 (got 0)"},
+			{tx.Backoff(-time.Second, time.Second), "tx: Backoff min cannot be negative (got -1s)"},
+			{tx.Backoff(time.Second, time.Millisecond), "tx: Backoff max cannot be less than min (got 1ms and 1s)"},
 		} {
 			err := tx.Run(ctx, bundle.pool, func(ctx context.Context, dbtx pgx.Tx) error {
 				t.Fatal("fn must not run")

@@ -77,6 +77,12 @@ func demo(ctx context.Context, a *app, out io.Writer) error {
 	declinedAgain := d.transfer(ctx, d.client, k3, alice, bob, 1_000_000, "retried: still declined")
 	expect(declined.status == 402 && declinedAgain.replayed && bytes.Equal(declined.body, declinedAgain.body), "a decline should be stored and replayed")
 
+	d.section("bob asks to move money out of alice's account")
+	kb := newKey("tr")
+	stolen := d.send(ctx, d.client, "POST", "/transfers", "bob", kb, transferRequest{From: alice, To: bob, Amount: 100})
+	d.line("POST", "/transfers", kb, stolen.status, "bob: alice pays bob 100", stolen.replayed)
+	expect(stolen.status == 404 && !stolen.replayed, "a transfer out of someone else's account should get 404 (got %d)", stolen.status)
+
 	d.section("the network drops the response; idemhttp.Transport retries with the same key")
 	d.net.dropNext.Store(1)
 	lost := d.transfer(ctx, d.client, newKey("tr"), bob, alice, 10, "bob pays alice 10")
@@ -172,10 +178,11 @@ type demoClient struct {
 	once      *http.Client // one attempt, to show an answer the retrying client would hide
 	conflicts atomic.Int64
 	mu        sync.Mutex
+	owners    map[int64]string // account -> customer, as opened
 }
 
 func newDemoClient(base string, out io.Writer) *demoClient {
-	d := &demoClient{base: base, out: out}
+	d := &demoClient{base: base, out: out, owners: map[int64]string{}}
 	d.net = &lossyNet{base: http.DefaultTransport, out: out, conflicts: &d.conflicts}
 	d.client = &http.Client{Transport: &idemhttp.Transport{Base: d.net, MinBackoff: 20 * time.Millisecond, MaxAttempts: 10}}
 	d.once = &http.Client{Transport: &idemhttp.Transport{Base: d.net, MaxAttempts: 1}}
@@ -231,11 +238,17 @@ func (d *demoClient) openAccount(ctx context.Context, owner string, opening int6
 	var acct account
 	_ = json.Unmarshal(r.body, &acct)
 	d.line("POST", "/accounts", key, r.status, fmt.Sprintf("%s opens account %d with %d", owner, acct.ID, opening), r.replayed)
+	d.mu.Lock()
+	d.owners[acct.ID] = owner
+	d.mu.Unlock()
 	return acct.ID
 }
 
 func (d *demoClient) transfer(ctx context.Context, c *http.Client, key string, from, to, amount int64, note string) response {
-	r := d.send(ctx, c, "POST", "/transfers", "alice", key, transferRequest{From: from, To: to, Amount: amount})
+	d.mu.Lock()
+	customer := d.owners[from] // the payer sends it
+	d.mu.Unlock()
+	r := d.send(ctx, c, "POST", "/transfers", customer, key, transferRequest{From: from, To: to, Amount: amount})
 	var rc transferReceipt
 	if json.Unmarshal(r.body, &rc) == nil && r.status == 201 {
 		note += fmt.Sprintf(" → #%d, payer has %d", rc.ID, rc.FromBalance)
@@ -245,10 +258,9 @@ func (d *demoClient) transfer(ctx context.Context, c *http.Client, key string, f
 }
 
 func (d *demoClient) payout(ctx context.Context, c *http.Client, key string, account, amount int64, note string) response {
-	customer := "bob"
-	if account == 1 {
-		customer = "alice"
-	}
+	d.mu.Lock()
+	customer := d.owners[account]
+	d.mu.Unlock()
 	r := d.send(ctx, c, "POST", "/payouts", customer, key, map[string]int64{"account": account, "amount": amount})
 	var rc payoutReceipt
 	if json.Unmarshal(r.body, &rc) == nil && rc.ChargeID != "" {

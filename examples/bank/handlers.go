@@ -19,12 +19,50 @@ import (
 // problemBase starts the type URI of the bank's own problems (RFC 9457).
 const problemBase = "https://bank.example/problems/"
 
-// scopeOf is the caller's identity. A real bank authenticates; the example trusts a header.
+// customerOf is the caller's identity. A real bank authenticates; the example trusts a header.
+func customerOf(r *http.Request) string { return r.Header.Get("X-Customer") }
+
+// scopeOf is the scope of the caller's keys: two customers never see each other's keys.
 func scopeOf(r *http.Request) string {
-	if c := r.Header.Get("X-Customer"); c != "" {
+	if c := customerOf(r); c != "" {
 		return "customer:" + c
 	}
 	return ""
+}
+
+// Who may do what: a customer opens accounts in their own name, sees only their own accounts,
+// and moves money (a transfer's "from", a payout) only out of their own accounts; money may go
+// to anyone's account. An account that is not the caller's is answered as one that does not
+// exist, 404 no-such-account, so that customers cannot probe each other's accounts.
+//
+// That refusal is not stored under the key: nothing ran, and a key that named the wrong account
+// by mistake stays free for the request that was meant. (Storing it would be sound too, since
+// the scope is part of the key and an account's owner never changes here; not storing keeps
+// the key's one stored answer the one that did something.)
+
+// Answers a retry gets again. A stored answer is never a 5xx: generic HTTP clients retry every
+// 5xx (go-retryablehttp's default policy does), and would keep asking instead of showing the
+// caller the final answer.
+//
+//	transfer done               201, stored
+//	transfer declined           402 insufficient-funds, stored
+//	payout settled              200, stored by its workflow
+//	payout released/declined    402 payout-released, payout-declined, stored
+//	payout failed for good      422 payout-failed, stored: funds stay held for an operator
+//	account not the caller's    404 no-such-account, not stored
+//	database error              503 database-error + Retry-After, not stored
+//	payout interrupted          503 payout-interrupted + Retry-After, resumed in the background
+
+// noSuchAccount answers for an account that does not exist or is not the caller's.
+func noSuchAccount(w http.ResponseWriter, id int64) {
+	writeProblem(w, http.StatusNotFound, "no-such-account", "No such account", fmt.Sprintf("You have no account %d.", id), nil)
+}
+
+// transferRoute requires a key on transfers and keeps refusals that did nothing out of the
+// store (see above); 4xx answers of a transfer that ran, such as a decline, are stored.
+var transferRoute = &idemhttp.RouteConfig{
+	Key:   idemhttp.KeyRequired,
+	Store: func(status int) bool { return status != http.StatusNotFound },
 }
 
 func (a *app) routes() (http.Handler, error) {
@@ -35,7 +73,7 @@ func (a *app) routes() (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /accounts", mw(http.HandlerFunc(a.createAccount)))
 	mux.HandleFunc("GET /accounts/{id}", a.getAccount)
-	mux.Handle("POST /transfers", mw(idemhttp.Route(&idemhttp.RouteConfig{Key: idemhttp.KeyRequired}, http.HandlerFunc(a.transfer))))
+	mux.Handle("POST /transfers", mw(idemhttp.Route(transferRoute, http.HandlerFunc(a.transfer))))
 	// Payouts are a workflow, which keeps its own key: the middleware would hold a transaction
 	// open across the call to the provider.
 	mux.HandleFunc("POST /payouts", a.createPayout)
@@ -50,18 +88,24 @@ type account struct {
 	Held    int64  `json:"held"`
 }
 
-// createAccount opens an account with its opening deposit: the only way money enters the bank.
-// With an Idempotency-Key it runs in the middleware's transaction, so a retry does not open a
-// second account.
+// createAccount opens an account in the caller's name with its opening deposit: the only way
+// money enters the bank. With an Idempotency-Key it runs in the middleware's transaction, so a
+// retry does not open a second account.
 func (a *app) createAccount(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Owner   string `json:"owner"`
 		Opening int64  `json:"opening"`
 	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Owner == "" || req.Opening < 0 {
-		writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid request", `Send {"owner": "name", "opening": amount >= 0}.`, nil)
+	customer := customerOf(r)
+	if customer == "" {
+		writeProblem(w, http.StatusUnauthorized, "no-customer", "Customer required", "Send X-Customer: the customer the account is for.", nil)
 		return
 	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Opening < 0 || (req.Owner != "" && req.Owner != customer) {
+		writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid request", `Send {"opening": amount >= 0}; "owner", if sent, must be the X-Customer.`, nil)
+		return
+	}
+	req.Owner = customer
 	var db interface {
 		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	} = a.pool
@@ -72,13 +116,14 @@ func (a *app) createAccount(w http.ResponseWriter, r *http.Request) {
 	err := db.QueryRow(r.Context(), `INSERT INTO bank_accounts (owner, opening, balance) VALUES ($1, $2, $2) RETURNING id`,
 		req.Owner, req.Opening).Scan(&acct.ID)
 	if err != nil {
-		writeProblem(w, http.StatusServiceUnavailable, "database-error", "Database error", "The account could not be opened; retry.", nil)
+		unavailable(w, "The account could not be opened; retry.")
 		return
 	}
 	w.Header().Set("Location", fmt.Sprintf("/accounts/%d", acct.ID))
 	writeJSON(w, http.StatusCreated, acct)
 }
 
+// getAccount shows one of the caller's accounts.
 func (a *app) getAccount(w http.ResponseWriter, r *http.Request) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
@@ -86,12 +131,12 @@ func (a *app) getAccount(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	acct := account{ID: id}
-	err = a.pool.QueryRow(r.Context(), `SELECT owner, balance, held FROM bank_accounts WHERE id = $1`, id).Scan(&acct.Owner, &acct.Balance, &acct.Held)
+	err = a.pool.QueryRow(r.Context(), `SELECT owner, balance, held FROM bank_accounts WHERE id = $1 AND owner = $2`, id, customerOf(r)).Scan(&acct.Owner, &acct.Balance, &acct.Held)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		writeProblem(w, http.StatusNotFound, "no-such-account", "No such account", fmt.Sprintf("There is no account %d.", id), nil)
+		noSuchAccount(w, id)
 	case err != nil:
-		writeProblem(w, http.StatusServiceUnavailable, "database-error", "Database error", "Retry.", nil)
+		unavailable(w, "Retry.")
 	default:
 		writeJSON(w, http.StatusOK, acct)
 	}
@@ -132,27 +177,32 @@ func (a *app) transfer(w http.ResponseWriter, r *http.Request) {
 
 	// Both rows are locked in id order, so two transfers in opposite directions queue instead
 	// of deadlocking.
-	rows, err := t.Query(ctx, `SELECT id, balance FROM bank_accounts WHERE id IN ($1, $2) ORDER BY id FOR UPDATE`, req.From, req.To)
+	rows, err := t.Query(ctx, `SELECT id, owner, balance FROM bank_accounts WHERE id IN ($1, $2) ORDER BY id FOR UPDATE`, req.From, req.To)
 	if err != nil {
 		dbError(w)
 		return
 	}
-	balances := map[int64]int64{}
+	balances, owners := map[int64]int64{}, map[int64]string{}
 	for rows.Next() {
 		var id, bal int64
-		if err := rows.Scan(&id, &bal); err != nil {
+		var owner string
+		if err := rows.Scan(&id, &owner, &bal); err != nil {
 			rows.Close()
 			dbError(w)
 			return
 		}
-		balances[id] = bal
+		balances[id], owners[id] = bal, owner
 	}
 	if rows.Close(); rows.Err() != nil {
 		dbError(w)
 		return
 	}
-	if len(balances) != 2 {
-		writeProblem(w, http.StatusNotFound, "no-such-account", "No such account", fmt.Sprintf("Accounts %d and %d must both exist.", req.From, req.To), nil)
+	switch {
+	case owners[req.From] != customerOf(r):
+		noSuchAccount(w, req.From) // the caller's money only; not stored (transferRoute)
+		return
+	case owners[req.To] == "":
+		writeProblem(w, http.StatusNotFound, "no-such-account", "No such account", fmt.Sprintf("There is no account %d to pay into.", req.To), nil)
 		return
 	}
 
@@ -191,7 +241,14 @@ func (a *app) transfer(w http.ResponseWriter, r *http.Request) {
 // dbError answers 503: a 5xx is never stored, so the middleware rolls back and the client's
 // retry runs afresh.
 func dbError(w http.ResponseWriter) {
-	writeProblem(w, http.StatusServiceUnavailable, "database-error", "Database error", "Nothing was done; retry with the same key.", nil)
+	unavailable(w, "Nothing was done; retry with the same key.")
+}
+
+// unavailable answers 503 database-error with the Retry-After every 503 of the bank carries, so
+// that a client knows when to come back.
+func unavailable(w http.ResponseWriter, detail string) {
+	w.Header().Set("Retry-After", "1")
+	writeProblem(w, http.StatusServiceUnavailable, "database-error", "Database error", detail, nil)
 }
 
 // ranKey marks the context of a payout request, so the workflow can tell this request that it
@@ -217,6 +274,18 @@ func (a *app) createPayout(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid payout", `Send {"account": id, "amount": > 0}.`, nil)
 		return
 	}
+	// Out of the caller's own accounts only, checked before the run: a refusal runs nothing and
+	// is not stored, as for transfers. Owners never change, so the check cannot go stale.
+	var owner string
+	err = a.pool.QueryRow(r.Context(), `SELECT owner FROM bank_accounts WHERE id = $1`, req.Account).Scan(&owner)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != customerOf(r)):
+		noSuchAccount(w, req.Account)
+		return
+	case err != nil:
+		unavailable(w, "Nothing was done; retry with the same key.")
+		return
+	}
 	ran := new(atomic.Bool)
 	ctx := context.WithValue(r.Context(), ranKey{}, ran)
 	in := payoutInput{Scope: scope, Key: id, Account: req.Account, Amount: req.Amount}
@@ -235,11 +304,12 @@ func (a *app) createPayout(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, idem.ErrMismatch):
 		writeProblem(w, http.StatusUnprocessableEntity, "idempotency-key-reused", "Idempotency key reused", "This key was used for another payout.", nil)
 	case errors.Is(err, workflow.ErrFailed):
-		// A stored failure is final: marked as a replay, it stops a retrying client.
+		// A stored failure is final, so it is a 4xx: a 5xx would make generic clients retry it
+		// over and over. Marked as a replay, it also stops idemhttp.Transport.
 		if !ran.Load() {
 			w.Header().Set(idemhttp.DefaultReplayedHeader, "true")
 		}
-		writeProblem(w, http.StatusInternalServerError, "payout-failed", "Payout failed", err.Error(), nil)
+		writeProblem(w, http.StatusUnprocessableEntity, "payout-failed", "Payout failed", err.Error(), nil)
 	default:
 		// The run stopped without an outcome (this process lost its lease, or Postgres went
 		// away): it is resumed in the background, and a retry gets its result.

@@ -175,16 +175,31 @@ func openPool(ctx context.Context, dbURL string, size int) (*pgxpool.Pool, error
 }
 
 func printCurls(out io.Writer, base string) {
-	fmt.Fprintf(out, `
+	fmt.Fprint(out, curlLines(base))
+}
+
+// curlLines is the tour printed by -serve: each POST may be sent again with the same
+// Idempotency-Key, and runs once. TestCurlLines sends them.
+func curlLines(base string) string {
+	return fmt.Sprintf(`
 try it (each POST may be sent again with the same Idempotency-Key: it runs once):
 
-  curl -s -XPOST %[1]s/accounts -H 'X-Customer: alice' -d '{"owner":"alice","opening":1000}'
-  curl -s -XPOST %[1]s/accounts -H 'X-Customer: bob' -d '{"owner":"bob","opening":1000}'
+  curl -s -XPOST %[1]s/accounts -H 'X-Customer: alice' -H 'Content-Type: application/json' -d '{"opening":1000}'
+  curl -s -XPOST %[1]s/accounts -H 'X-Customer: bob' -H 'Content-Type: application/json' -d '{"opening":1000}'
   curl -si -XPOST %[1]s/transfers -H 'X-Customer: alice' -H 'Idempotency-Key: t-1' \
-       -d '{"from":1,"to":2,"amount":100}'
+       -H 'Content-Type: application/json' -d '{"from":1,"to":2,"amount":100}'
+  # the same request, as equivalent JSON: replayed, not run again
+  curl -si -XPOST %[1]s/transfers -H 'X-Customer: alice' -H 'Idempotency-Key: t-1' \
+       -H 'Content-Type: application/json' -d '{ "amount": 100, "to": 2, "from": 1 }'
+  # the same key for another amount: 422
+  curl -si -XPOST %[1]s/transfers -H 'X-Customer: alice' -H 'Idempotency-Key: t-1' \
+       -H 'Content-Type: application/json' -d '{"from":1,"to":2,"amount":999}'
+  # bob cannot move alice's money: 404
+  curl -si -XPOST %[1]s/transfers -H 'X-Customer: bob' -H 'Idempotency-Key: t-2' \
+       -H 'Content-Type: application/json' -d '{"from":1,"to":2,"amount":100}'
   curl -si -XPOST %[1]s/payouts -H 'X-Customer: bob' -H 'Idempotency-Key: p-1' \
-       -d '{"account":2,"amount":50}'
-  curl -s %[1]s/accounts/1
+       -H 'Content-Type: application/json' -d '{"account":2,"amount":50}'
+  curl -s %[1]s/accounts/1 -H 'X-Customer: alice'
 
 `, base)
 }

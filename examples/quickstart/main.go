@@ -1,8 +1,11 @@
-// Command quickstart shows idem.Run making a money transfer safe to retry, on a throwaway Postgres
-// (or the one in DATABASE_URL). It plays a transfer, its retry, twenty concurrent duplicates and a
-// reused key, then checks the ledger against what it claimed.
+// Command quickstart shows idem.Run making a money transfer safe to retry, on the Postgres named by
+// DATABASE_URL (its user must be able to create tables). It plays a transfer, its retry, twenty
+// concurrent duplicates and a reused key, then checks the ledger against what it claimed.
 //
-//	go run ./examples/quickstart
+//	DATABASE_URL=postgres://localhost:5432/postgres go run ./examples/quickstart
+//
+// It imports nothing but idem's public packages, so it can be copied as it is. (go run
+// ./examples/bank starts a throwaway Postgres by itself.)
 package main
 
 import (
@@ -20,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
 )
 
 type transferReq struct {
@@ -43,16 +45,7 @@ func main() {
 func run(ctx context.Context) error {
 	dbURL := os.Getenv("DATABASE_URL")
 	if dbURL == "" {
-		fmt.Println("starting a throwaway Postgres (set DATABASE_URL to use yours)...")
-		srv, err := pgtemp.Start(ctx)
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-		if dbURL, err = srv.CreateDatabase(ctx); err != nil {
-			return err
-		}
-		fmt.Printf("postgres from %s\n\n", srv.Source())
+		return errors.New("DATABASE_URL is not set: point it at a Postgres database where you may create tables, as in DATABASE_URL=postgres://localhost:5432/postgres go run ./examples/quickstart")
 	}
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {

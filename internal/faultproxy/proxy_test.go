@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -18,9 +19,10 @@ import (
 func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
 
 type testBundle struct {
-	direct *pgxpool.Pool // straight to Postgres, to check what really landed
-	proxy  *faultproxy.Proxy
-	url    string // the database through the proxy
+	direct  *pgxpool.Pool // straight to Postgres, to check what really landed
+	proxied *pgxpool.Pool // through the proxy
+	proxy   *faultproxy.Proxy
+	url     string // the database through the proxy
 }
 
 func setup(t *testing.T) *testBundle {
@@ -28,12 +30,7 @@ func setup(t *testing.T) *testBundle {
 	ctx := context.Background()
 
 	dbURL := pgtemp.NewDB(t)
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-
-	proxy, err := faultproxy.New(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, proxy.Close()) })
+	proxied, proxy := faultproxy.NewPool(t, dbURL)
 
 	direct, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
@@ -42,7 +39,7 @@ func setup(t *testing.T) *testBundle {
 	_, err = direct.Exec(ctx, "CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL)")
 	require.NoError(t, err)
 
-	return &testBundle{direct: direct, proxy: proxy, url: proxy.URL(dbURL)}
+	return &testBundle{direct: direct, proxied: proxied, proxy: proxy, url: proxy.URL(dbURL)}
 }
 
 // connect opens a connection through the proxy, closed when the test ends.
@@ -271,6 +268,34 @@ func TestURL(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1", cfg.Host)
 	require.Equal(t, proxy.Addr(), "127.0.0.1:"+strconv.Itoa(int(cfg.Port)))
+}
+
+// TestNewPool checks the helper other packages' tests build their proxied pools with: it must
+// keep the user and password of the URL it is given (a server that asks for one would refuse a
+// copy without it), and its pool must work through the proxy and be cut by it.
+func TestNewPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtemp.NewDB(t)
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	if _, set := u.User.Password(); !set {
+		// Trust-authenticated servers take any password; this one makes sure it is passed on.
+		u.User = url.UserPassword(u.User.Username(), "s3cret")
+	}
+	pool, proxy := faultproxy.NewPool(t, u.String())
+	want, _ := u.User.Password()
+	require.Equal(t, u.User.Username(), pool.Config().ConnConfig.User)
+	require.Equal(t, want, pool.Config().ConnConfig.Password)
+	require.Equal(t, proxy.Addr(), pool.Config().ConnConfig.Host+":"+strconv.Itoa(int(pool.Config().ConnConfig.Port)))
+
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	require.Equal(t, strings.TrimPrefix(u.Path, "/"), db)
+	require.Equal(t, 1, proxy.Stats().Connections)
+
+	proxy.ResetAll()
+	require.Equal(t, 1, proxy.Stats().Resets, "the pool's connection must go through the proxy")
 }
 
 func TestNew(t *testing.T) {

@@ -33,3 +33,6 @@ func LocalDirAndPID(s *Server) (string, int) {
 }
 
 func ProcessAlive(pid int) bool { return processAlive(pid) }
+
+// RunMain is Main around run instead of m.Run.
+func RunMain(run func() int) int { return runMain(run) }

@@ -37,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -86,6 +87,44 @@ type Server struct {
 // dbSeq numbers databases across all Servers of the process, so names stay
 // unique even when two Servers share one Postgres (TEST_DATABASE_URL).
 var dbSeq atomic.Int64
+
+// live is every database this process created and has not dropped, with the
+// Server that made it, whichever Server that is: Close drops a shared
+// server's databases, and Main drops what is left, so a caller that never
+// drops (an Example, a program that stops early) leaves nothing behind on a
+// server pgtemp does not own.
+var live struct {
+	mu  sync.Mutex
+	dbs map[string]*Server // database URL -> its server
+}
+
+func track(s *Server, dbURL string) {
+	live.mu.Lock()
+	defer live.mu.Unlock()
+	if live.dbs == nil {
+		live.dbs = make(map[string]*Server)
+	}
+	live.dbs[dbURL] = s
+}
+
+func untrack(dbURL string) {
+	live.mu.Lock()
+	defer live.mu.Unlock()
+	delete(live.dbs, dbURL)
+}
+
+// tracked returns the live databases of s, or of every Server when s is nil.
+func tracked(s *Server) map[string]*Server {
+	live.mu.Lock()
+	defer live.mu.Unlock()
+	out := make(map[string]*Server)
+	for u, srv := range live.dbs {
+		if s == nil || srv == s {
+			out[u] = srv
+		}
+	}
+	return out
+}
 
 // Start finds or starts a Postgres, trying TEST_DATABASE_URL, then Docker
 // through testcontainers-go, then the local binaries. It is for examples and
@@ -226,7 +265,8 @@ func (s *Server) describe() string {
 
 // CreateDatabase creates a fresh, uniquely named, empty database (named
 // pgtemp_<pid>_<n>) and returns its URL, which keeps the admin URL's
-// parameters.
+// parameters. [Server.Close] drops it, if nothing has before, and so does
+// [Main] at the end of a test binary.
 //
 //	dbURL, err := srv.CreateDatabase(ctx)
 //	if err != nil {
@@ -250,6 +290,7 @@ func (s *Server) CreateDatabase(ctx context.Context) (string, error) {
 		u := *s.url
 		u.Path = "/" + name
 		u.RawPath = ""
+		track(s, u.String())
 		return u.String(), nil
 	}
 	return "", errors.New("error creating database: ten names in a row already existed")
@@ -276,7 +317,19 @@ func (s *Server) DropDatabase(ctx context.Context, dbURL string) error {
 	if err != nil {
 		return fmt.Errorf("error dropping database %s: %w", name, err)
 	}
+	untrack(dbURL)
 	return nil
+}
+
+// ownDatabases lists the databases on the server named for this process
+// (pgtemp_<pid>_<n>), dropped or not by whoever made them.
+func (s *Server) ownDatabases(ctx context.Context) ([]string, error) {
+	rows, err := s.admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE $1 ORDER BY datname`,
+		fmt.Sprintf("%s%d\\_%%", strings.ReplaceAll(dbPrefix, "_", "\\_"), os.Getpid()))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // Restart stops the server with a fast shutdown and starts it again on the
@@ -308,8 +361,9 @@ func (s *Server) Restart(ctx context.Context) error {
 }
 
 // Close stops what pgtemp started and removes its temporary files. For a
-// TEST_DATABASE_URL server it only closes pgtemp's own connections. Calling
-// it again does nothing.
+// TEST_DATABASE_URL server, which it does not stop, it drops the databases
+// it created there and has not dropped yet, then closes its own
+// connections. Calling it again does nothing.
 //
 //	srv, err := pgtemp.Start(ctx)
 //	if err != nil {
@@ -323,8 +377,21 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	var errs []error
+	for dbURL := range tracked(s) {
+		if s.Owned() {
+			untrack(dbURL) // goes with the server
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		errs = append(errs, s.DropDatabase(ctx, dbURL))
+		cancel()
+	}
 	if s.admin != nil {
 		s.admin.Close()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	switch {
 	case s.local != nil:

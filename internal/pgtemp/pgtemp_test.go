@@ -2,10 +2,12 @@ package pgtemp_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,7 +20,85 @@ import (
 	"github.com/idemkit/idem/internal/pgtemp"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(leakChildEnv) != "" {
+		os.Exit(leakChild())
+	}
+	os.Exit(pgtemp.Main(m))
+}
+
+// leakChildEnv makes the test binary play a test binary that leaves databases behind the way
+// examples do, for TestNothingLeftBehind.
+const leakChildEnv = "PGTEMP_LEAK_CHILD"
+
+// leakChild creates databases every way the project's tests and examples do, drops none of
+// them itself, and prints their names; Main must drop them all.
+func leakChild() int {
+	return pgtemp.RunMain(func() int {
+		ctx := context.Background()
+		var names []string
+		// Runnable examples: NewExampleDB, with no cleanup of their own.
+		names = append(names, pgtemp.NewExampleDB(), pgtemp.NewExampleDB())
+		// Examples with a Server of their own (the workflow and steps packages): one never
+		// closed, one closed, neither dropping its database.
+		for _, closeIt := range []bool{false, true} {
+			srv, err := pgtemp.Start(ctx)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			dbURL, err := srv.CreateDatabase(ctx)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			names = append(names, dbURL)
+			if closeIt {
+				if err := srv.Close(); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					return 1
+				}
+			}
+		}
+		for _, n := range names {
+			u, _ := url.Parse(n)
+			fmt.Println("created", strings.TrimPrefix(u.Path, "/"))
+		}
+		return 0
+	})
+}
+
+// TestNothingLeftBehind runs a test binary that creates databases the ways tests and examples
+// do, on this test's server, and counts what is left of them once it has exited: nothing.
+func TestNothingLeftBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := pgtemp.Shared(t)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), leakChildEnv+"=1", "TEST_DATABASE_URL="+srv.URL())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "the child failed: %s", stderr.String())
+
+	var created []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if name, ok := strings.CutPrefix(line, "created "); ok {
+			created = append(created, name)
+		}
+	}
+	require.Len(t, created, 4, "the child should report every database it made:\n%s", out)
+	for _, name := range created {
+		require.False(t, databaseExists(ctx, t, name), "database %s was left behind", name)
+	}
+	conn, err := pgx.Connect(ctx, srv.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var left int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname LIKE $1`,
+		fmt.Sprintf("pgtemp\\_%d\\_%%", cmd.Process.Pid)).Scan(&left))
+	require.Zero(t, left, "databases of the child process are left on the server")
+}
 
 // databaseExists asks the shared server's admin database whether name exists.
 func databaseExists(ctx context.Context, t *testing.T, name string) bool {

@@ -34,7 +34,7 @@ var shared struct {
 	srv     *Server
 	err     error
 	logged  bool
-	dbs     []string // made by NewExampleDB, dropped by Main
+	inMain  bool // Main is running the tests, and will drop what they leave
 }
 
 // sharedServer starts the shared server on first use; the caller holds shared.mu.
@@ -50,7 +50,8 @@ func sharedServer() (*Server, error) {
 
 // NewExampleDB creates a fresh database on the [Shared] server for a runnable Example, which
 // has no testing.TB to report to or clean up with; [Main] drops it when the tests are done. It
-// panics when no Postgres can be found, with the error that says what was tried.
+// panics when no Postgres can be found, with the error that says what was tried, and when the
+// test binary's TestMain does not run [Main], since nothing would drop the database then.
 //
 //	func ExampleDo() {
 //		pool, _ := pgxpool.New(ctx, pgtemp.NewExampleDB())
@@ -59,6 +60,9 @@ func sharedServer() (*Server, error) {
 func NewExampleDB() string {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
+	if !shared.inMain {
+		panic("pgtemp: NewExampleDB needs pgtemp.Main (or idemtest.Main) in the package's TestMain, which drops the database when the tests are done: func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }")
+	}
 	srv, err := sharedServer()
 	if err != nil {
 		panic(err)
@@ -69,7 +73,6 @@ func NewExampleDB() string {
 	if err != nil {
 		panic(fmt.Sprintf("pgtemp: %v", err))
 	}
-	shared.dbs = append(shared.dbs, dbURL)
 	return dbURL
 }
 
@@ -178,29 +181,57 @@ func NewPool(tb testing.TB) *pgxpool.Pool {
 }
 
 // Main runs the tests and then stops the [Shared] server if a test started
-// it, removing its temporary files. It returns the exit code for os.Exit;
-// a server that will not stop turns a pass into a failure, since it would
-// otherwise be left behind unnoticed.
+// it, removing its temporary files. It returns the exit code for os.Exit.
+//
+// Before that it drops every database this process created and has not
+// dropped, on any [Server] still open (Examples and [NewExampleDB] have no
+// cleanup of their own), and, on a server it does not own
+// (TEST_DATABASE_URL), checks that no database named for this process is
+// left. A database left behind, or a server that will not stop, turns a pass
+// into a failure, since it would otherwise pile up unnoticed.
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
-func Main(m *testing.M) int {
-	code := m.Run()
+func Main(m *testing.M) int { return runMain(m.Run) }
+
+// runMain is Main around any function that runs tests, so that pgtemp's own
+// tests can run it in a child process.
+func runMain(run func() int) int {
 	shared.mu.Lock()
-	srv, dbs := shared.srv, shared.dbs
+	shared.inMain = true
 	shared.mu.Unlock()
-	if srv != nil {
-		for _, dbURL := range dbs {
-			ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
-			if err := srv.DropDatabase(ctx, dbURL); err != nil {
-				fmt.Fprintf(os.Stderr, "pgtemp: error dropping an example database: %v\n", err)
-			}
-			cancel()
+	code := run()
+	shared.mu.Lock()
+	srv := shared.srv
+	shared.inMain = false
+	shared.mu.Unlock()
+
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "pgtemp: "+format+"\n", args...)
+		if code == 0 {
+			code = 1
 		}
+	}
+	for dbURL, s := range tracked(nil) {
+		ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
+		if err := s.DropDatabase(ctx, dbURL); err != nil {
+			fail("error dropping a database the tests left: %v", err)
+		}
+		cancel()
+	}
+	if srv != nil && !srv.Owned() {
+		ctx, cancel := context.WithTimeout(context.Background(), dbOpTimeout)
+		left, err := srv.ownDatabases(ctx)
+		cancel()
+		switch {
+		case err != nil:
+			fail("error checking for databases left on the server: %v", err)
+		case len(left) > 0:
+			fail("%d databases of this test binary are left on the server: %v", len(left), left)
+		}
+	}
+	if srv != nil {
 		if err := srv.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtemp: error stopping the shared server: %v\n", err)
-			if code == 0 {
-				code = 1
-			}
+			fail("error stopping the shared server: %v", err)
 		}
 	}
 	return code

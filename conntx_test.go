@@ -1,0 +1,82 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// stubTx stands in for pgx's transaction under ownedTx. It is not a store: the test is about
+// ownedTx's own guard, and a call that reaches the stub after the close is the failure.
+type stubTx struct {
+	pgx.Tx
+	mu    sync.Mutex
+	calls int
+}
+
+func (s *stubTx) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	return pgconn.CommandTag{}, nil
+}
+
+// markClosed does what Run does when fn returns. It compiles against a plain bool field too (as
+// a plain write, which is the race this test is for), so it fails under -race before the fix.
+func markClosed(t *ownedTx) {
+	if s, ok := any(&t.closed).(interface{ Store(bool) }); ok {
+		s.Store(true)
+		return
+	}
+	reflect.ValueOf(&t.closed).Elem().SetBool(true)
+}
+
+// TestOwnedTxCloseRace is the misuse the guard exists for: goroutines that kept the transaction
+// Run gave fn keep using it while Run ends it on its own goroutine. Under -race, a plain bool
+// there is a data race; every call after the close must get pgx.ErrTxClosed.
+func TestOwnedTxCloseRace(t *testing.T) {
+	t.Parallel()
+	stub := &stubTx{}
+	ot := &ownedTx{Tx: stub}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			<-start
+			for {
+				_, err := ot.Exec(context.Background(), "SELECT 1")
+				if errors.Is(err, pgx.ErrTxClosed) {
+					return
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	markClosed(ot)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("Exec: %v", err)
+	}
+	stub.mu.Lock()
+	before := stub.calls
+	stub.mu.Unlock()
+	if _, err := ot.Exec(context.Background(), "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Exec after the close: got %v, want pgx.ErrTxClosed", err)
+	}
+	stub.mu.Lock()
+	defer stub.mu.Unlock()
+	if stub.calls != before {
+		t.Fatal("a call after the close reached the connection")
+	}
+}
