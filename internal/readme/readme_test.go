@@ -89,6 +89,8 @@ var imports = []string{
 	"github.com/riverqueue/river", "github.com/riverqueue/river/riverdriver/riverpgxv5",
 	"github.com/idemkit/idem", "github.com/idemkit/idem/idemhttp", "github.com/idemkit/idem/tx",
 	"github.com/idemkit/idem/workflow", "github.com/idemkit/idem/steps",
+	// Modules of their own, reached through go.work.
+	"github.com/idemkit/idem/idemgrpc", "google.golang.org/grpc",
 }
 
 // prelude declares what the README's snippets use without declaring: the reader's own code.
@@ -113,6 +115,9 @@ var (
 		Charge(ctx context.Context, key string, amount int64) (Charge, error)
 	}
 	Payout *workflow.Workflow[PayoutReq, Receipt]
+
+	// gRPC
+	authenticate grpc.UnaryServerInterceptor
 )
 
 type (
@@ -218,6 +223,7 @@ var anyExport = map[string]string{
 	"github.com/riverqueue/river": "QueueDefault", "github.com/riverqueue/river/riverdriver/riverpgxv5": "New",
 	"github.com/idemkit/idem": "ErrInFlight", "github.com/idemkit/idem/idemhttp": "Tx",
 	"github.com/idemkit/idem/tx": "Run", "github.com/idemkit/idem/workflow": "ErrFailed",
+	"github.com/idemkit/idem/idemgrpc": "Tx", "google.golang.org/grpc": "NewServer",
 	"github.com/idemkit/idem/steps": "Permanent",
 }
 
