@@ -1,7 +1,10 @@
 package idem
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem/tx"
+	"github.com/idemkit/idem/internal/keyctx"
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/txctl"
 )
 
 // Do runs fn at most once per key, inside t, and returns its result; a later call with the same
@@ -18,7 +23,8 @@ import (
 //
 // fn receives t, which by then holds the key: everything fn writes through it, River jobs it
 // inserts with InsertTx included, commits together with the stored result, or not at all. The
-// caller owns t and commits it (or let [tx.Run] do so: it also retries the races below).
+// caller owns t and commits it (or lets [tx.Run] do so: it also retries the races below, and
+// saves Do's round trips).
 //
 // Outcomes:
 //   - First time: fn runs; its result (any T that round-trips through encoding/json) is stored
@@ -29,6 +35,7 @@ import (
 //     a retry-after hint. With the [Wait] option Do waits up to a bound and then replays (or
 //     runs fn, if the other transaction rolled back).
 //   - Used before with a different Fingerprint: [ErrMismatch]; fn does not run.
+//   - The key belongs to a workflow run: [ErrMismatch] at once, naming the workflow.
 //   - Malformed key: [ErrInvalidKey], before any SQL.
 //   - Expired ([TTL], default 24h): treated as new.
 //   - fn returns an error: Do returns it and stores nothing. Roll back, and the key is free again.
@@ -36,34 +43,38 @@ import (
 //     replayed like any result.
 //
 // A duplicate that committed the same key after t's snapshot was taken cannot be seen by t; Do
-// then runs fn, but its write is rejected by the primary key, Postgres aborts t, and Do returns
+// then runs fn, but its write is rejected by the primary key, Postgres aborts t, and the error is
 // an *InFlightError with Race set (or Postgres's 40001, under REPEATABLE READ and SERIALIZABLE).
 // Both are retryable: roll back, retry, and the retry replays. Two effects for one key cannot
 // commit.
 //
-// The SQL: one statement before fn, a SELECT that reads the key's row and, unless the key is
-// done, takes a transaction-scoped advisory lock with pg_try_advisory_xact_lock (it never
-// waits). After fn, one INSERT of the result (an UPDATE-or-INSERT when the key had expired). A
-// replay is the SELECT alone. No row is written for work that does not commit, and nothing is
-// ever updated on the fresh path, so a call leaves no dead tuple behind.
+// The SQL: one statement before fn, a SELECT that reads the key's row and, unless it holds a
+// live result, takes a transaction-scoped advisory lock with pg_try_advisory_xact_lock (it never
+// waits). After fn, one INSERT of the result. A replay is the SELECT alone. No row is written for
+// work that does not commit, and nothing is ever updated on the fresh path, so a call leaves no
+// dead tuple behind.
 //
-// Inside [tx.Run], Do marks the transaction idempotent: if the COMMIT's acknowledgement is lost,
-// tx.Run runs it again and the second run replays. Everything with an effect must then happen
-// inside fn.
+// Inside [tx.Run] (t is the transaction tx.Run handed to its function, whatever ctx Do gets) Do
+// costs no round trip of its own when its lookup is the transaction's first statement: the
+// lookup travels with BEGIN, and the INSERT is sent with COMMIT. The transaction is also marked
+// idempotent: if the COMMIT's acknowledgement is lost, tx.Run runs it again and the second run
+// replays. Everything with an effect must then happen inside fn.
 //
 //	type Receipt struct{ TransferID int64 }
 //
+//	var receipt Receipt
 //	err := tx.Run(ctx, pool, func(ctx context.Context, t pgx.Tx) error {
-//		receipt, err := idem.Do(ctx, t, idem.Key{Scope: "customer:42", ID: key},
+//		var err error
+//		receipt, err = idem.Do(ctx, t, idem.Key{Scope: "customer:42", ID: key},
 //			func(ctx context.Context, t pgx.Tx) (Receipt, error) {
 //				var r Receipt
 //				err := t.QueryRow(ctx, `INSERT INTO transfers (amount) VALUES ($1) RETURNING id`,
 //					100).Scan(&r.TransferID)
 //				return r, err
 //			})
-//		fmt.Println(receipt.TransferID, err)
 //		return err
 //	})
+//	// answer the client with receipt, or err, here: after the COMMIT
 func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (T, error) {
 	var zero T
 	if err := key.Validate(); err != nil {
@@ -79,35 +90,48 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 	if cfg.err != nil {
 		return zero, cfg.err
 	}
-	tx.MarkIdempotent(ctx)
-	if tx.AfterLostCommit(ctx) && cfg.wait < lostCommitWait {
-		// The lost attempt's backend may still hold this key's lock for a moment: that is not a
-		// concurrent duplicate, and the rerun should get its own answer, not ErrInFlight.
-		cfg.wait = lostCommitWait
-	}
 
-	st := statementsFor(cfg.schema)
-	lock := lockID(cfg.schema, key)
-	var (
-		v   verdict
-		row keyRow
-	)
-	err := waitFor(ctx, cfg, func() error {
-		var err error
-		if row, err = lookupRow(ctx, t, st, key, lock); err != nil {
-			return err
+	attempt, canDefer := txctl.From(t)
+	memo := memoKey{schema: cfg.schema, scope: key.Scope, id: key.ID}
+	if attempt != nil {
+		attempt.MarkIdempotent()
+		if attempt.Rerun && cfg.wait < lostCommitWait {
+			// The lost attempt's backend may still hold this key's lock for a moment: that is
+			// not a concurrent duplicate, and the rerun should get its own answer.
+			cfg.wait = lostCommitWait
 		}
-		v, err = decide(key, cfg, row)
-		return err
-	})
-	if err != nil {
-		return zero, err
+		if m, ok := attempt.Memo(memo); ok {
+			// This transaction already ran Do for the key, and its write waits for COMMIT.
+			stored := m.(memoEntry)
+			if key.Fingerprint != nil && stored.fingerprint != nil && !bytes.Equal(key.Fingerprint, stored.fingerprint) {
+				return zero, mismatch(key)
+			}
+			return decodeResult[T](key, stored.result)
+		}
+	}
+	st := store.For(cfg.schema)
+	lock := lockID(cfg.schema, key)
+
+	v, row := verdictRunFresh, store.KeyRow{}
+	if !cfg.optimistic || attempt == nil || lostRace(attempt.Prev, key) {
+		var err error
+		if v, row, err = lookup(ctx, t, st, cfg, key, lock); err != nil {
+			return zero, err
+		}
+	}
+	if v == verdictRunKey {
+		// The rare path: the key belongs to a run, which Do may only take once the run has
+		// finished and expired.
+		if err := takeRunKey(ctx, t, st, cfg, key, lock); err != nil {
+			return zero, err
+		}
+		v = verdictRunFresh
 	}
 	if v == verdictReplay {
-		return decodeResult[T](key, row.result)
+		return decodeResult[T](key, row.Result)
 	}
 
-	out, err := fn(ctx, t)
+	out, err := fn(keyctx.With(ctx, cfg.schema, key.Scope, key.ID), t)
 	if err != nil {
 		return zero, err
 	}
@@ -115,11 +139,15 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 	if err != nil {
 		return zero, err
 	}
-	sql := st.insert
+	sql := st.Keys.Insert
 	if v == verdictRunExpired {
-		sql = st.replace
+		sql = st.Keys.Replace
 	}
-	if _, err := t.Exec(ctx, sql, key.Scope, key.ID, key.Fingerprint, data, cfg.ttl.Microseconds()); err != nil {
+	args := []any{key.Scope, key.ID, key.Fingerprint, data, cfg.ttl.Microseconds()}
+	if canDefer {
+		attempt.Queue(txctl.Deferred{SQL: sql, Args: args, MapErr: func(err error) error { return storeError(key, err) }})
+		attempt.SetMemo(memo, memoEntry{fingerprint: key.Fingerprint, result: data})
+	} else if _, err := t.Exec(ctx, sql, args...); err != nil {
 		return zero, storeError(key, err)
 	}
 	return decodeResult[T](key, data)
@@ -131,38 +159,10 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 // rerun reports ErrInFlight, which is the truth.
 const lostCommitWait = 5 * time.Second
 
-// keyRow is what the lookup statement returns. found is false when the key has no row.
-type keyRow struct {
-	found       bool
-	state       string
-	workflow    *string
-	fingerprint []byte
-	result      []byte
-	live        bool
-	locked      bool
-	leaseLeft   *int32
-}
+type memoKey struct{ schema, scope, id string }
 
-func lookupRow(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, st *statements, key Key, lock int64) (keyRow, error) {
-	return scanKeyRow(q.QueryRow(ctx, st.lookup, key.Scope, key.ID, lock))
-}
-
-func scanKeyRow(r pgx.Row) (keyRow, error) {
-	var (
-		row   keyRow
-		state *string
-		live  *bool
-	)
-	if err := r.Scan(&state, &row.workflow, &row.fingerprint, &row.result, &live, &row.locked, &row.leaseLeft); err != nil {
-		return keyRow{}, fmt.Errorf("idem: error looking up key: %w", err)
-	}
-	if state != nil {
-		row.found, row.state = true, *state
-		row.live = live != nil && *live
-	}
-	return row, nil
+type memoEntry struct {
+	fingerprint, result []byte
 }
 
 type verdict int
@@ -171,38 +171,110 @@ const (
 	verdictRunFresh verdict = iota
 	verdictRunExpired
 	verdictReplay
+	verdictRunKey
 )
+
+// lookup reads the key and decides, waiting as the Wait option allows while it is in flight.
+func lookup(ctx context.Context, t pgx.Tx, st *store.Statements, cfg *config, key Key, lock int64) (verdict, store.KeyRow, error) {
+	var (
+		v   verdict
+		row store.KeyRow
+	)
+	err := waitFor(ctx, cfg, func() error {
+		var err error
+		if row, err = store.LookupKey(ctx, t, st, key.Scope, key.ID, lock); err != nil {
+			return lookupError(cfg, err)
+		}
+		v, err = decide(key, cfg, row)
+		return err
+	})
+	return v, row, err
+}
 
 // decide turns the looked-up row into what Do does next. It is the one place that encodes the
 // outcome table in Do's doc comment.
-func decide(key Key, cfg *config, row keyRow) (verdict, error) {
-	// A workflow's key is another operation's until it has finished and expired.
-	if row.found && row.workflow != nil && (row.live || row.state == "running") {
-		return 0, fmt.Errorf("%w (it belongs to workflow %q; scope %q, key %q): use a new key", ErrMismatch, *row.workflow, key.Scope, key.ID)
-	}
+func decide(key Key, cfg *config, row store.KeyRow) (verdict, error) {
 	switch {
-	case row.found && row.live && row.state == "done":
-		if key.Fingerprint != nil && row.fingerprint != nil && string(key.Fingerprint) != string(row.fingerprint) {
-			return 0, fmt.Errorf("%w (scope %q, key %q): use a new key for a new request", ErrMismatch, key.Scope, key.ID)
+	case row.Found && row.Workflow != nil:
+		return verdictRunKey, nil
+	case row.Found && row.Live:
+		if key.Fingerprint != nil && row.Fingerprint != nil && !bytes.Equal(key.Fingerprint, row.Fingerprint) {
+			return 0, mismatch(key)
 		}
 		return verdictReplay, nil
-	case row.found && (row.live || row.state == "running"):
-		return 0, inFlight(key, cfg, row.leaseLeft)
-	case !row.locked:
-		return 0, inFlight(key, cfg, nil)
-	case row.found:
+	case !row.Locked:
+		return 0, inFlight(key, cfg)
+	case row.Found:
 		return verdictRunExpired, nil
 	default:
 		return verdictRunFresh, nil
 	}
 }
 
-func inFlight(key Key, cfg *config, leaseLeft *int32) error {
-	after := cfg.retryAfter
-	if leaseLeft != nil && time.Duration(*leaseLeft)*time.Second > after {
-		after = time.Duration(*leaseLeft) * time.Second
+// takeRunKey handles a key that belongs to a workflow run: Do may take it over only when the run
+// has finished and expired (then the run, its history and its key go, in t), and says so at once
+// otherwise, naming the workflow, whatever the run is doing.
+func takeRunKey(ctx context.Context, t pgx.Tx, st *store.Statements, cfg *config, key Key, lock int64) error {
+	var locked, reusable bool
+	if err := t.QueryRow(ctx, st.Keys.RunKey, key.Scope, key.ID, lock).Scan(&locked, &reusable); err != nil {
+		return lookupError(cfg, err)
 	}
-	return &InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: after}
+	if !reusable {
+		var workflow string
+		_ = t.QueryRow(ctx, "SELECT workflow FROM "+st.Tables.Keys+" WHERE scope = $1 AND id = $2", key.Scope, key.ID).Scan(&workflow)
+		return fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not to idem.Do; use a key of its own for each (for example %q)",
+			ErrMismatch, key.ID, key.Scope, workflow, key.ID+":do")
+	}
+	if !locked {
+		return inFlight(key, cfg)
+	}
+	if _, err := t.Exec(ctx, st.Keys.ClearRun, key.Scope, key.ID); err != nil {
+		return fmt.Errorf("idem: error clearing the expired run of key %q in scope %q: %w", key.ID, key.Scope, err)
+	}
+	return nil
+}
+
+func mismatch(key Key) error {
+	return fmt.Errorf("%w: key %q in scope %q was first used for another request (its fingerprint differs); use a new key for a new request", ErrMismatch, key.ID, key.Scope)
+}
+
+func inFlight(key Key, cfg *config) error {
+	return &InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: cfg.retryAfter}
+}
+
+// lostRace reports whether the previous attempt of this transaction lost a race on key, so that
+// an optimistic Do looks before it runs fn again (and replays).
+func lostRace(prev error, key Key) bool {
+	var inflight *InFlightError
+	return errors.As(prev, &inflight) && inflight.Race && inflight.Scope == key.Scope && inflight.ID == key.ID
+}
+
+// lookupError explains a failed lookup. A missing table is the commonest mistake on a new
+// database, and its raw message does not say what to do.
+func lookupError(cfg *config, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("idem: idem's tables are missing (%s): run idem.Migrate at startup, with the same Schema option as this call, or apply schema.sql: %w", pgErr.Message, err)
+	}
+	return fmt.Errorf("idem: error looking up key: %w", err)
+}
+
+// lockID maps a key to the 64-bit advisory lock that marks it in flight: the first 8 bytes of a
+// SHA-256 over the schema and the key. A cryptographic hash, so that a client who knows another
+// tenant's key cannot craft one of its own that collides with it and so keep it "in flight"; a
+// collision costs a spurious ErrInFlight, never a wrong answer, since the row, not the lock,
+// decides what is stored. The schema is part of it so that two idem installations in one
+// database do not block each other.
+func lockID(schema string, k Key) int64 {
+	h := sha256.New()
+	var n [8]byte
+	for _, part := range []string{"idem.lock.v1", schema, k.Scope, k.ID} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	var sum [sha256.Size]byte
+	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }
 
 // waitFor runs step, and while it reports the key in flight and the Wait bound allows, runs it

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -412,13 +411,22 @@ func TestDo(t *testing.T) {
 	t.Run("KeyOfAWorkflowIsAMismatch", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, err := b.pool.Exec(b.ctx, `INSERT INTO idem_keys (scope, id, state, workflow, expires_at) VALUES ('tenant-a', 'k1', 'running', 'payout', now() + interval '1 hour')`)
-		require.NoError(t, err)
-		ran := 0
-		_, err = do(t, b, key("k1"), "x", &ran)
-		require.ErrorIs(t, err, idem.ErrMismatch)
-		require.Contains(t, err.Error(), "payout")
-		require.Equal(t, 0, ran)
+		for _, run := range []struct {
+			id, state, expires string
+		}{
+			{"running", "running", "NULL"},
+			{"done", "done", "now() + interval '1 hour'"},
+			{"failed", "failed", "now() + interval '1 hour'"},
+		} {
+			b.seedRun(t, "tenant-a", run.id, "payout", run.state, run.expires)
+			ran := 0
+			start := time.Now()
+			_, err := do(t, b, key(run.id), "x", &ran)
+			require.ErrorIs(t, err, idem.ErrMismatch, run.id)
+			require.Contains(t, err.Error(), `workflow "payout"`, "the error names the owner")
+			require.Equal(t, 0, ran)
+			require.Less(t, time.Since(start), 5*time.Second, "refused at once, never a wait")
+		}
 	})
 }
 
@@ -501,37 +509,12 @@ func (n noSQL) Query(context.Context, string, ...any) (pgx.Rows, error) { n.fail
 func (n noSQL) QueryRow(context.Context, string, ...any) pgx.Row        { n.fail(); return nil }
 func (n noSQL) Conn() *pgx.Conn                                         { n.fail(); return nil }
 
-func TestMigrateConcurrently(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := pgtemp.NewPool(t)
-	errs := make(chan error, 8)
-	for i := range 8 {
-		go func() {
-			var opts []idem.Option
-			if i%2 == 1 {
-				opts = append(opts, idem.Schema("other"))
-			}
-			errs <- idem.Migrate(ctx, pool, opts...)
-		}()
-	}
-	for range 8 {
-		require.NoError(t, <-errs)
-	}
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'idem_keys'`).Scan(&n))
-	require.Equal(t, 2, n, "one table in public, one in the other schema")
-}
-
 func TestDoReusesExpiredWorkflowKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `
-		INSERT INTO idem_keys (scope, id, state, workflow, result, expires_at) VALUES ('s', 'k1', 'done', 'payout', '{}', now() - interval '1 second');
-		INSERT INTO idem_steps (scope, id, seq, name, kind, output) VALUES ('s', 'k1', 1, 'reserve', 'tx', '{}');`)
-	require.NoError(t, err)
+	b.seedRun(t, "s", "k1", "payout", "done", "now() - interval '1 second'")
 	ran := 0
-	err = b.inTx(t, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err := b.inTx(t, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		_, err := idem.Do(b.ctx, tx, idem.Key{Scope: "s", ID: "k1"}, recordEffect("k1", "new", &ran))
 		return err
 	})
@@ -539,23 +522,9 @@ func TestDoReusesExpiredWorkflowKey(t *testing.T) {
 	require.Equal(t, 1, ran)
 	var workflow *string
 	var stepsLeft int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT workflow, (SELECT count(*) FROM idem_steps) FROM idem_keys`).Scan(&workflow, &stepsLeft))
+	var runsLeft int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT workflow, (SELECT count(*) FROM idem_steps), (SELECT count(*) FROM idem_runs) FROM idem_keys`).Scan(&workflow, &stepsLeft, &runsLeft))
 	require.Nil(t, workflow)
 	require.Zero(t, stepsLeft, "the expired run's history is gone with it")
-}
-
-// TestMigrateLeavesACurrentSchemaAlone checks that Migrate at every start takes no lock on a
-// table in use: with a transaction holding idem_keys, a second Migrate must still return.
-func TestMigrateLeavesACurrentSchemaAlone(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	busy, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer func() { _ = busy.Rollback(b.ctx) }()
-	_, err = busy.Exec(b.ctx, `LOCK TABLE idem_keys IN ROW EXCLUSIVE MODE`)
-	require.NoError(t, err)
-
-	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	require.NoError(t, idem.Migrate(ctx, b.pool), "a current schema is not touched, so nothing waits")
+	require.Zero(t, runsLeft, "and so is the run")
 }

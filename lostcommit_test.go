@@ -2,9 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"net"
-	"net/url"
-	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -36,6 +33,18 @@ func TestLostCommit(t *testing.T) {
 		},
 		"IdemRun": func(ctx context.Context, pool *pgxpool.Pool, k idem.Key, fn func(context.Context, pgx.Tx) (receipt, error)) (receipt, error) {
 			return idem.Run(ctx, pool, k, fn)
+		},
+		// A handler that passes the request's context to Do, not tx.Run's: the transaction
+		// carries the mark, so the rerun after a lost COMMIT still replays.
+		"TxRunDoOtherContext": func(ctx context.Context, pool *pgxpool.Pool, k idem.Key, fn func(context.Context, pgx.Tx) (receipt, error)) (receipt, error) {
+			var out receipt
+			request := context.WithoutCancel(ctx)
+			err := tx.Run(ctx, pool, func(_ context.Context, t pgx.Tx) error {
+				var err error
+				out, err = idem.Do(request, t, k, fn)
+				return err
+			})
+			return out, err
 		},
 	}
 
@@ -108,13 +117,6 @@ func TestLostCommit(t *testing.T) {
 // proxied returns a fault proxy in front of b's database and a pool that goes through it.
 func proxied(t *testing.T, b *testBundle) (*faultproxy.Proxy, *pgxpool.Pool) {
 	t.Helper()
-	cc := b.pool.Config().ConnConfig
-	u := &url.URL{Scheme: "postgres", User: url.User(cc.User), Host: net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), Path: "/" + cc.Database, RawQuery: "sslmode=disable"}
-	proxy, err := faultproxy.New(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proxy.Close() })
-	pool, err := pgxpool.New(b.ctx, proxy.URL(u.String()))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, proxy := faultproxy.NewPool(t, b.pool.Config().ConnString())
 	return proxy, pool
 }

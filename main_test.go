@@ -63,3 +63,14 @@ func (b *testBundle) inTx(t testing.TB, opts pgx.TxOptions, f func(pgx.Tx) error
 	t.Helper()
 	return pgx.BeginTxFunc(b.ctx, b.pool, opts, f)
 }
+
+// seedRun writes a workflow run as package workflow stores one: its key, its row and one step.
+// expires is SQL for the run's expiry (NULL while running).
+func (b *testBundle) seedRun(t testing.TB, scope, id, workflow, state, expires string) {
+	t.Helper()
+	batch := &pgx.Batch{}
+	batch.Queue(`INSERT INTO idem_keys (scope, id, workflow, expires_at) VALUES ($1, $2, $3, 'infinity')`, scope, id, workflow)
+	batch.Queue(`INSERT INTO idem_runs (scope, id, workflow, state, output, expires_at) VALUES ($1, $2, $3, $4, '{}', `+expires+`)`, scope, id, workflow, state)
+	batch.Queue(`INSERT INTO idem_steps (scope, id, seq, name, kind, output) VALUES ($1, $2, 1, 'reserve', 'tx', '{}')`, scope, id)
+	require.NoError(t, b.pool.SendBatch(b.ctx, batch).Close())
+}

@@ -25,16 +25,31 @@ type config struct {
 	schema     string
 	isoLevel   pgx.TxIsoLevel
 	maxTries   int
-	err        error
+	optimistic bool
+
+	reapMax       int64
+	reapBusy      float64
+	reapBatchTime time.Duration
+
+	err error
 }
 
 func newConfig(opts []Option) *config {
-	c := &config{ttl: DefaultTTL, retryAfter: time.Second, maxTries: 10}
+	c := &config{ttl: DefaultTTL, retryAfter: time.Second, maxTries: 10, reapBusy: DefaultReapBusy, reapBatchTime: DefaultReapBatchTime}
 	for _, o := range opts {
 		o(c)
 	}
 	return c
 }
+
+// CheckOptions reports the first invalid option, as [Do], [Run], [Migrate] and [Reap] would,
+// without touching the database: for code that takes idem options in a configuration and
+// should refuse a bad one at setup rather than on the first request.
+//
+//	if err := idem.CheckOptions(opts...); err != nil {
+//		return nil, fmt.Errorf("idem options: %w", err)
+//	}
+func CheckOptions(opts ...Option) error { return newConfig(opts).err }
 
 func (c *config) setErr(format string, args ...any) {
 	if c.err == nil {
@@ -133,5 +148,72 @@ func MaxAttempts(n int) Option {
 			return
 		}
 		c.maxTries = n
+	}
+}
+
+// Optimistic skips the lookup before fn: fn runs at once, and the key's INSERT, sent with COMMIT,
+// is what detects a key used before. For callers whose retries are rare, it saves the lookup's
+// statement (and, in [Do] with a transaction of its own, a round trip). The guarantees do not
+// change: two effects for one key still cannot commit, and every retry still gets the first
+// answer. What changes is how a duplicate is answered:
+//
+//   - A retry of a finished key runs fn once more, then its INSERT hits the stored key, the
+//     transaction rolls back (so fn's second run leaves nothing), and the next attempt looks the
+//     key up and replays. A replay costs a whole run of fn plus a second transaction.
+//   - A duplicate that arrives while the key is in flight runs fn too, and then waits at its
+//     INSERT for the first transaction to end (instead of getting [ErrInFlight] at once); it
+//     replays the first one's answer if that committed, or stores its own if that rolled back.
+//
+// Choose it where retries are rare and fn is cheap to run and roll back (it holds no lock others
+// wait on); keep the default where duplicates are common (clients that retry on timeouts under
+// load) or fn is expensive. It needs a transaction from [tx.Run] or [Run], which retry the
+// attempt that lost; elsewhere it is ignored.
+//
+//	receipt, err := idem.Run(ctx, pool, key, transfer, idem.Optimistic())
+func Optimistic() Option {
+	return func(c *config) { c.optimistic = true }
+}
+
+// ReapMax bounds how many keys one [Reap] call deletes (it may stop a batch short of it). The
+// default, 0, is no bound: Reap goes on until nothing expired is left.
+//
+//	n, err := idem.Reap(ctx, pool, idem.ReapMax(100_000))
+func ReapMax(n int64) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.setErr("ReapMax cannot be negative (got %d)", n)
+			return
+		}
+		c.reapMax = n
+	}
+}
+
+// ReapBusy sets the share of its time [Reap] spends deleting, between 0 (exclusive) and 1: after
+// a batch that took t, it rests t·(1-busy)/busy. Lower leaves more room to the traffic that
+// writes keys; higher clears a backlog sooner. The default is [DefaultReapBusy].
+//
+//	n, err := idem.Reap(ctx, pool, idem.ReapBusy(1)) // a maintenance window: no rest
+func ReapBusy(busy float64) Option {
+	return func(c *config) {
+		if !(busy > 0 && busy <= 1) {
+			c.setErr("ReapBusy must be more than 0 and at most 1 (got %g)", busy)
+			return
+		}
+		c.reapBusy = busy
+	}
+}
+
+// ReapBatchTime sets how long one batch of [Reap] should take; each batch's size is adjusted
+// from the last one's measured time to approach it. Short batches hold few locks and write
+// small transactions. The default is [DefaultReapBatchTime].
+//
+//	n, err := idem.Reap(ctx, pool, idem.ReapBatchTime(10*time.Millisecond))
+func ReapBatchTime(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.setErr("ReapBatchTime cannot be less than a millisecond (got %s)", d)
+			return
+		}
+		c.reapBatchTime = d
 	}
 }

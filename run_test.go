@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/tx"
 )
 
 func TestRun(t *testing.T) {
@@ -283,7 +284,7 @@ func TestRoundTrips(t *testing.T) {
 	t.Cleanup(func() { conn.Close(context.Background()) })
 
 	work := func(ctx context.Context, tx pgx.Tx) (int, error) {
-		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ('x')`)
+		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, "x")
 		return 1, err
 	}
 	bare := func() error {
@@ -300,8 +301,19 @@ func TestRoundTrips(t *testing.T) {
 	viaRun := func(id string) func() error {
 		return func() error { _, err := idem.Run(b.ctx, conn, idem.Key{Scope: "s", ID: id}, work); return err }
 	}
+	txBare := func() error {
+		return tx.Run(b.ctx, conn, func(ctx context.Context, t pgx.Tx) error { _, err := work(ctx, t); return err })
+	}
+	viaTxDo := func(id string) func() error {
+		return func() error {
+			return tx.Run(b.ctx, conn, func(ctx context.Context, t pgx.Tx) error {
+				_, err := idem.Do(ctx, t, idem.Key{Scope: "s", ID: id}, work)
+				return err
+			})
+		}
+	}
 	// Warm pgx's statement cache, as any long-lived connection has.
-	for _, f := range []func() error{bare, viaDo("warm-do"), viaRun("warm-run"), viaRun("warm-do")} {
+	for _, f := range []func() error{bare, txBare, viaDo("warm-do"), viaRun("warm-run"), viaRun("warm-do"), viaTxDo("warm-tx"), viaTxDo("warm-tx")} {
 		require.NoError(t, f())
 	}
 	trips := func(f func() error) int {
@@ -316,6 +328,20 @@ func TestRoundTrips(t *testing.T) {
 	require.Equal(t, 3, trips(viaDo("d1")), "a replay inside a caller's transaction is BEGIN, lookup, COMMIT")
 	require.Equal(t, base, trips(viaRun("r1")), "Run adds no round trip to the transaction")
 	require.Equal(t, 2, trips(viaRun("r1")), "a replay through Run is two round trips")
+
+	// tx.Run sends BEGIN with the first statement, and the writes queued by Do with COMMIT.
+	require.Equal(t, 2, trips(txBare), "tx.Run: BEGIN with the INSERT, then COMMIT")
+	require.Equal(t, 3, trips(viaTxDo("t1")), "Do in tx.Run: BEGIN with the lookup, fn's INSERT, the key with COMMIT")
+	require.Equal(t, 2, trips(viaTxDo("t1")), "a replay in tx.Run: BEGIN with the lookup, then COMMIT")
+	require.Equal(t, 0, trips(func() error {
+		return tx.Run(b.ctx, conn, func(context.Context, pgx.Tx) error { return nil })
+	}), "a transaction that sends nothing costs nothing")
+	require.Equal(t, 3, trips(func() error {
+		return tx.Run(b.ctx, conn, func(ctx context.Context, t pgx.Tx) error {
+			_, err := t.Exec(ctx, `INSERT INTO effects (key) VALUES ('x')`)
+			return err
+		})
+	}), "a first statement without arguments may hold several statements, which a batch cannot: BEGIN goes alone")
 }
 
 // tripCounter counts round trips: each time the client writes after having read, a new request

@@ -1,56 +1,97 @@
--- idem schema. Every statement is idempotent, so this file can be applied again at any time, by
--- idem.Migrate or by any migration tool as is. Names are unqualified: the tables land in the first
--- schema of search_path (idem.Migrate sets it when a schema is configured).
+-- idem's complete schema, generated from migrations/ (do not edit; see migrate.go): the
+-- version table, each migration in order, and the rows that record them. Apply it once with any
+-- migration tool; idem.Migrate then finds the database current and applies only later
+-- migrations. Names are unqualified: the tables land in the first schema of search_path.
 
--- One row per idempotency key. idem.Do writes finished rows (state 'done') and never leaves a
--- row behind for work that did not commit; workflows use the lease columns while they run.
+CREATE TABLE IF NOT EXISTS idem_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- 001_tables
+
+-- idem's tables. Names are unqualified: they land in the first schema of search_path, which
+-- idem.Migrate sets to the configured schema.
+
+-- One row per key, written once and never changed: idem.Do's stored results, and the keys of
+-- workflow runs (whose state lives in idem_runs), so that one key names one operation.
 --
--- Keys compare with COLLATE "C": byte order is all a key needs, and it keeps every index probe
--- away from locale-aware comparison. fillfactor leaves room on each page so that the updates a
--- workflow makes (checkpoints, lease renewals) can stay HOT and not touch the primary key.
-CREATE TABLE IF NOT EXISTS idem_keys (
-    scope          text COLLATE "C" NOT NULL,
-    id             text COLLATE "C" NOT NULL,
-    state          text NOT NULL DEFAULT 'done',
-    fingerprint    bytea,
-    result         bytea,
-    workflow       text,
-    input          bytea,
-    recovery_point text,
-    lease_token    uuid,
-    locked_until   timestamptz,
-    attempts       integer NOT NULL DEFAULT 0,
-    created_at     timestamptz NOT NULL DEFAULT now(),
-    expires_at     timestamptz NOT NULL,
-    CONSTRAINT idem_keys_pkey PRIMARY KEY (scope, id),
-    CONSTRAINT idem_keys_state_check CHECK (state IN ('done', 'running', 'failed')),
-    CONSTRAINT idem_keys_scope_length CHECK (octet_length(scope) BETWEEN 1 AND 255),
-    CONSTRAINT idem_keys_id_length CHECK (octet_length(id) BETWEEN 1 AND 255)
-) WITH (fillfactor = 90);
+-- Do's hot path inserts here on every fresh key, so the table carries what Do needs and nothing
+-- else: no CHECK constraint (each costs Postgres a parse and plan of its expression on every
+-- INSERT; idem validates keys before any SQL), no column that changes while a run works, and
+-- one index beside the primary key, the reaper's. Keys compare with COLLATE "C": byte order is
+-- all a key needs, and it keeps index probes away from locale-aware comparison.
+CREATE TABLE idem_keys (
+    scope       text COLLATE "C" NOT NULL,
+    id          text COLLATE "C" NOT NULL,
+    -- The request's digest; a different one under the same key is refused.
+    fingerprint bytea,
+    -- Do's result as JSON. NULL for a run's key.
+    result      bytea,
+    -- Set when the key belongs to a run of this workflow (see idem_runs); NULL for idem.Do.
+    workflow    text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- When Do's key may be reaped or used again. 'infinity' for a run's key: a run's expiry is
+    -- idem_runs.expires_at, and the run's reaper deletes its key with it.
+    expires_at  timestamptz NOT NULL,
+    CONSTRAINT idem_keys_pkey PRIMARY KEY (scope, id)
+);
 
--- The reaper finds expired keys through this index. BRIN, because a B-tree here would be a
--- second index insert on every idem.Do: expiry grows with insertion order (one TTL for most keys),
--- so a block-range summary is nearly free to maintain and still narrows the reaper's scan.
-CREATE INDEX IF NOT EXISTS idem_keys_expires_at ON idem_keys USING brin (expires_at)
-    WITH (autosummarize = on);
+-- The reaper walks expired keys in expiry order. A B-tree on a column that grows with time takes
+-- its inserts at its right edge, which stays in cache.
+CREATE INDEX idem_keys_expires_at ON idem_keys (expires_at);
 
--- ---------------------------------------------------------------------------------------------
--- Workflows (package workflow). Appended by the workflow package; idempotent like the rest.
--- ---------------------------------------------------------------------------------------------
+-- One row per workflow run: what it runs, how far it got, who owns it now.
+CREATE TABLE idem_runs (
+    scope            text COLLATE "C" NOT NULL,
+    id               text COLLATE "C" NOT NULL,
+    workflow         text NOT NULL,
+    -- running, done, failed or cancelled (see package workflow).
+    state            text NOT NULL,
+    fingerprint      bytea,
+    input            bytea,
+    -- done: the workflow's output as JSON; failed or cancelled: {"error": "..."}.
+    output           bytea,
+    -- Why the last attempt stopped without an outcome (non-determinism, a panic), for operators
+    -- and the reconcile hook.
+    last_error       text,
+    -- How many times the run was started or taken over since its budget was last renewed.
+    attempts         integer NOT NULL DEFAULT 0,
+    -- The lease: a fencing token that every checkpoint must present, who holds it, and until
+    -- when. A run whose lease expired is resumed elsewhere.
+    lease_token      uuid,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    -- W3C traceparent of the request that started the run, so that a resume links back to it.
+    trace_context    text,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    finished_at      timestamptz,
+    -- Set when the run finishes; until then the run is never reaped.
+    expires_at       timestamptz,
+    CONSTRAINT idem_runs_pkey PRIMARY KEY (scope, id)
+);
 
--- Why a run is stuck, for the operator and the reconcile hook: set when a run stops for a reason
--- a retry will not fix by itself (non-determinism, a panic).
-ALTER TABLE idem_keys ADD COLUMN IF NOT EXISTS last_error text;
+-- The recovery scan: running runs by lease expiry.
+CREATE INDEX idem_runs_lease ON idem_runs (lease_expires_at) WHERE state = 'running';
+-- Operators list runs newest first, by state, by workflow; (scope, id) makes the order total, so
+-- a cursor stays stable while runs are added.
+CREATE INDEX idem_runs_created ON idem_runs (created_at, scope, id);
+CREATE INDEX idem_runs_state ON idem_runs (state, created_at);
+CREATE INDEX idem_runs_workflow ON idem_runs (workflow, created_at);
+-- The reaper: finished runs by expiry.
+CREATE INDEX idem_runs_expires_at ON idem_runs (expires_at) WHERE expires_at IS NOT NULL;
 
--- The recovery scan looks only at running rows. A partial index on the key (not on locked_until)
--- keeps the lease renewals, which change locked_until and nothing indexed, eligible for HOT.
-CREATE INDEX IF NOT EXISTS idem_keys_running ON idem_keys (scope, id) WHERE state = 'running';
-
--- One row per completed step of a workflow run: its history, replayed on resume. seq is the
--- step's position in the run (1, 2, ...); name and kind let a resume detect code that no longer
--- calls the same steps in the same order. output is the step's JSON result; error is set instead
--- when the step failed for good, so that the failure is replayed too. Rows go with their key.
-CREATE TABLE IF NOT EXISTS idem_steps (
+-- One row per completed step of a run: its history, replayed on resume. seq is the step's
+-- position in the run (1, 2, ...); name and kind let a resume detect code that no longer calls
+-- the same steps in the same order. output is the step's JSON result; error is set instead when
+-- the step failed for good, so that the failure is replayed too.
+--
+-- No foreign key to idem_runs: its check would cost a lookup and a row lock on every checkpoint,
+-- which the checkpoint's fence already does. Steps are deleted with their run by idem's own
+-- statements (reaping, reusing an expired key).
+CREATE TABLE idem_steps (
     scope      text COLLATE "C" NOT NULL,
     id         text COLLATE "C" NOT NULL,
     seq        integer NOT NULL,
@@ -60,6 +101,7 @@ CREATE TABLE IF NOT EXISTS idem_steps (
     error      text,
     attempts   integer NOT NULL DEFAULT 1,
     created_at timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT idem_steps_pkey PRIMARY KEY (scope, id, seq),
-    CONSTRAINT idem_steps_key_fkey FOREIGN KEY (scope, id) REFERENCES idem_keys (scope, id) ON DELETE CASCADE
+    CONSTRAINT idem_steps_pkey PRIMARY KEY (scope, id, seq)
 );
+
+INSERT INTO idem_migrations (version, name) VALUES (1, 'tables');

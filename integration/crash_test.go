@@ -109,7 +109,7 @@ func TestCrashPoints(t *testing.T) {
 				var charges, attempts int
 				require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM provider_charges WHERE status = 'charged'`).Scan(&charges))
 				require.Equal(t, 1, charges, "the payout must be charged exactly once")
-				require.NoError(t, pool.QueryRow(context.Background(), `SELECT attempts FROM idem_keys WHERE id = $1`, o.key).Scan(&attempts))
+				require.NoError(t, pool.QueryRow(context.Background(), `SELECT attempts FROM idem_runs WHERE id = $1`, o.key).Scan(&attempts))
 				require.GreaterOrEqual(t, attempts, 2, "the run must have been taken over after the death")
 			}
 			t.Logf("crash at %s: answered %d (replayed=%v) %s", point, out.status, out.replayed, f)

@@ -46,7 +46,7 @@ func waitRecovered(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	eventually(t, 90*time.Second, "every running key to finish", func() (bool, error) {
 		var n int
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_keys WHERE state = 'running'`).Scan(&n)
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_runs WHERE state = 'running'`).Scan(&n)
 		return n == 0, err
 	})
 }
@@ -74,7 +74,7 @@ func checkInvariants(t testing.TB, pool *pgxpool.Pool, outs []outcome, f *figure
 		scope := "customer:" + o.customer
 		var result []byte
 		var state string
-		err := pool.QueryRow(ctx, `SELECT state, result FROM idem_keys WHERE scope = $1 AND id = $2`, scope, o.key).Scan(&state, &result)
+		err := pool.QueryRow(ctx, `SELECT coalesce(r.state, 'done'), coalesce(r.output, k.result) FROM idem_keys k LEFT JOIN idem_runs r USING (scope, id) WHERE k.scope = $1 AND k.id = $2`, scope, o.key).Scan(&state, &result)
 		if errors.Is(err, pgx.ErrNoRows) {
 			t.Errorf("%s %s answered %d but nothing is stored under its key", o.path, o.key, o.status)
 			continue
@@ -116,7 +116,7 @@ func checkInvariants(t testing.TB, pool *pgxpool.Pool, outs []outcome, f *figure
 
 	// A run that failed for good is stored as failed; under faults of the infrastructure none
 	// should, since nothing in the bank's payouts fails by itself.
-	failed, err := pool.Query(ctx, `SELECT id, convert_from(result, 'UTF8') FROM idem_keys WHERE state = 'failed'`)
+	failed, err := pool.Query(ctx, `SELECT id, convert_from(output, 'UTF8') FROM idem_runs WHERE state = 'failed'`)
 	require.NoError(t, err)
 	for failed.Next() {
 		var key, result string
@@ -145,7 +145,7 @@ func checkInvariants(t testing.TB, pool *pgxpool.Pool, outs []outcome, f *figure
 	err = pool.QueryRow(ctx, `SELECT
 	(SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) n FROM bank_transfers GROUP BY scope, idem_key) x)
 	+ (SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) n FROM bank_payouts GROUP BY scope, idem_key) x),
-	(SELECT count(*) FROM idem_keys WHERE state = 'running'),
+	(SELECT count(*) FROM idem_runs WHERE state = 'running'),
 	(SELECT coalesce(sum(opening), 0) FROM bank_accounts),
 	(SELECT coalesce(sum(balance), 0) FROM bank_accounts),
 	(SELECT coalesce(sum(held), 0) FROM bank_accounts),

@@ -60,7 +60,7 @@ func (b *testBundle) count(t testing.TB, sql string) int {
 func (b *testBundle) waitLeaseExpired(t testing.TB) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for b.count(t, `SELECT count(*) FROM idem_keys WHERE locked_until > now()`) > 0 {
+	for b.count(t, `SELECT count(*) FROM idem_runs WHERE lease_expires_at > now()`) > 0 {
 		require.True(t, time.Now().Before(deadline), "lease did not expire")
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -134,7 +134,7 @@ func TestTx(t *testing.T) {
 		_, err = v2.Run(b.ctx, b.engine(t, v2), key, 1, nil)
 		require.ErrorContains(t, err, "cannot be decoded into int")
 		require.NotErrorIs(t, err, workflow.ErrFailed)
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_keys WHERE state = 'running'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE state = 'running'`))
 	})
 }
 
@@ -146,7 +146,7 @@ func TestEnqueueNeedsAClient(t *testing.T) {
 	})
 	_, err := wf.Run(b.ctx, b.engine(t, wf), key, 1, nil)
 	require.ErrorContains(t, err, "Engine.SetClient")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_keys WHERE state = 'running'`), "a setup mistake must not fail the run for good")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE state = 'running'`), "a setup mistake must not fail the run for good")
 }
 
 type noArgs struct{}

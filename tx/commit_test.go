@@ -6,12 +6,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/internal/txctl"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -76,9 +76,9 @@ func TestRunLostCommit(t *testing.T) {
 
 			require.ErrorIs(t, err, tx.ErrCommitUnknown)
 			require.ErrorContains(t, err, "check before retrying")
-			// The cause is there too. pgx reports it as "conn closed", and
-			// calls it safe to retry even when the COMMIT landed.
-			require.ErrorIs(t, err, pgconn.ErrConnClosed)
+			// The cause is there too: the connection went while COMMIT's
+			// answer was awaited.
+			require.True(t, tx.IsConnectionLost(err), "cause: %v", err)
 			require.False(t, tx.IsRetryable(err))
 			require.Equal(t, 1, calls)
 			require.Equal(t, tt.landed, bundle.count(t))
@@ -93,7 +93,7 @@ func TestRunLostCommit(t *testing.T) {
 			tt.inject(bundle.proxy)
 			err := tx.Run(ctx, bundle.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
 				calls++
-				tx.MarkIdempotent(ctx)
+				tx.MarkIdempotent(dbtx)
 				return upsertItem(ctx, dbtx, 1)
 			}, fastRetries)
 
@@ -116,7 +116,7 @@ func TestRunLostCommit(t *testing.T) {
 		err := tx.Run(ctx, bundle.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
 			calls++
 			if calls == 1 {
-				tx.MarkIdempotent(ctx)
+				tx.MarkIdempotent(dbtx)
 			}
 			return upsertItem(ctx, dbtx, 1)
 		}, fastRetries)
@@ -135,7 +135,7 @@ func TestRunLostCommit(t *testing.T) {
 		var calls int
 		err := tx.Run(ctx, bundle.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
 			calls++
-			tx.MarkIdempotent(ctx)
+			tx.MarkIdempotent(dbtx)
 			if calls == 2 {
 				return retryableError{}
 			}
@@ -160,7 +160,7 @@ func TestRunLostCommit(t *testing.T) {
 		var calls int
 		err := tx.Run(ctx, bundle.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
 			calls++
-			tx.MarkIdempotent(ctx)
+			tx.MarkIdempotent(dbtx)
 			if calls == 2 {
 				cancel()
 			}
@@ -181,7 +181,7 @@ func TestRunLostCommit(t *testing.T) {
 		err := tx.Run(ctx, bundle.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
 			calls++
 			return tx.Run(ctx, dbtx, func(ctx context.Context, sp pgx.Tx) error {
-				tx.MarkIdempotent(ctx) // as idem.Do in a savepoint would
+				tx.MarkIdempotent(sp) // as idem.Do in a savepoint would
 				return upsertItem(ctx, sp, 1)
 			})
 		}, fastRetries)
@@ -201,7 +201,7 @@ func TestRunLostCommit(t *testing.T) {
 		err := tx.Run(ctx, bundle.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
 			calls++
 			err := tx.Run(ctx, dbtx, func(ctx context.Context, sp pgx.Tx) error {
-				tx.MarkIdempotent(ctx)
+				tx.MarkIdempotent(sp)
 				return errBoom
 			})
 			require.ErrorIs(t, err, errBoom)
@@ -235,7 +235,9 @@ func TestRunDeadConnection(t *testing.T) {
 			return insertItem(ctx, dbtx, 1)
 		}, fastRetries)
 		require.NoError(t, err)
-		require.Equal(t, 1, calls) // BEGIN failed, fn never ran on the dead connection
+		// BEGIN travels with fn's first statement; both failed on the dead connection, nothing
+		// of the first attempt reached the server, and the second ran on a new connection.
+		require.Equal(t, 2, calls)
 		require.Equal(t, 1, bundle.count(t))
 		require.Equal(t, 2, bundle.proxy.Stats().Connections)
 	})
@@ -244,11 +246,14 @@ func TestRunDeadConnection(t *testing.T) {
 		t.Parallel()
 		bundle := setupLostCommit(t)
 
-		// A statement that fails with the connection is not a conflict:
-		// whatever fn does about it, Run does not guess.
+		// A statement that fails with the connection after the transaction began is not a
+		// conflict: whatever fn does about it, Run does not guess.
 		var calls int
 		err := tx.Run(ctx, bundle.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
 			calls++
+			if err := insertItem(ctx, dbtx, 2); err != nil {
+				return err
+			}
 			bundle.proxy.ResetAll()
 			return insertItem(ctx, dbtx, 1)
 		}, fastRetries)
@@ -268,12 +273,12 @@ func TestAfterLostCommit(t *testing.T) {
 	b.proxy.DropNextCommit()
 	var seen []bool
 	err := tx.Run(ctx, b.proxied, func(ctx context.Context, dbtx pgx.Tx) error {
-		seen = append(seen, tx.AfterLostCommit(ctx))
-		tx.MarkIdempotent(ctx)
+		a, _ := txctl.From(dbtx)
+		seen = append(seen, a.Rerun)
+		tx.MarkIdempotent(dbtx)
 		_, err := dbtx.Exec(ctx, "INSERT INTO items (id) VALUES (1) ON CONFLICT (id) DO NOTHING")
 		return err
 	}, fastRetries)
 	require.NoError(t, err)
 	require.Equal(t, []bool{false, true}, seen)
-	require.False(t, tx.AfterLostCommit(ctx), "outside Run")
 }

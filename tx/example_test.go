@@ -94,7 +94,7 @@ func ExampleMarkIdempotent() {
 	// Setting a balance to a fixed value twice is the same as once, so
 	// if the COMMIT's answer is lost, Run may simply run it again.
 	err := tx.Run(ctx, pool, func(ctx context.Context, dbtx pgx.Tx) error {
-		tx.MarkIdempotent(ctx)
+		tx.MarkIdempotent(dbtx)
 		_, err := dbtx.Exec(ctx, "UPDATE accounts SET balance = 50 WHERE id = 'bob'")
 		return err
 	})
@@ -139,5 +139,5 @@ func ExampleMaxAttempts() {
 	fmt.Println(calls, err)
 
 	// Output:
-	// 3 giving up after 3 attempts: ERROR: could not serialize access (SQLSTATE 40001)
+	// 3 tx: giving up after 3 attempts: ERROR: could not serialize access (SQLSTATE 40001)
 }

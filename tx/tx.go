@@ -29,6 +29,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/txctl"
 )
 
 // Beginner begins a transaction. It is satisfied by *pgxpool.Pool,
@@ -101,6 +105,7 @@ func Run(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.T
 	if parent, ok := db.(pgx.Tx); ok {
 		return runNested(ctx, parent, cfg, fn)
 	}
+	conns := connSource(db)
 
 	var (
 		lastErr    error
@@ -117,7 +122,7 @@ func Run(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.T
 
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
-			if err := sleep(ctx, cfg.backoff(attempt-1)); err != nil {
+			if err := backoff.Sleep(ctx, cfg.backoff(attempt-1)); err != nil {
 				return fail(stopped(err, attempt-1, lastErr))
 			}
 		}
@@ -128,11 +133,14 @@ func Run(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.T
 			return fail(stopped(err, attempt-1, lastErr))
 		}
 
-		actx := ctx
-		if unknownErr != nil {
-			actx = context.WithValue(ctx, lostCommitKey{}, true)
+		a := &txctl.Attempt{Rerun: unknownErr != nil, Prev: lastErr}
+		var retry bool
+		var err error
+		if conns != nil {
+			retry, err = runOwned(ctx, conns, cfg, a, fn)
+		} else {
+			retry, err = runOnce(ctx, db, cfg, a, fn)
 		}
-		retry, err := runOnce(actx, db, cfg, fn)
 		if err == nil {
 			return nil
 		}
@@ -143,14 +151,14 @@ func Run(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.T
 			return fail(err)
 		}
 		if attempt >= cfg.maxAttempts {
-			return fail(fmt.Errorf("giving up after %s: %w", attempts(attempt), err))
+			return fail(fmt.Errorf("tx: giving up after %s: %w", attempts(attempt), err))
 		}
 		lastErr = err
 	}
 }
 
 func stopped(ctxErr error, n int, lastErr error) error {
-	return fmt.Errorf("stopped retrying after %s because the context is done: %w; last error: %w", attempts(n), ctxErr, lastErr)
+	return fmt.Errorf("tx: stopped retrying after %s because the context is done: %w; last error: %w", attempts(n), ctxErr, lastErr)
 }
 
 func attempts(n int) string {
@@ -160,36 +168,123 @@ func attempts(n int) string {
 	return fmt.Sprintf("%d attempts", n)
 }
 
-// runOnce runs one attempt and reports its error and whether another
-// attempt may succeed.
-func runOnce(ctx context.Context, db Beginner, cfg *config, fn func(context.Context, pgx.Tx) error) (retry bool, err error) {
-	dbtx, err := begin(ctx, db, cfg)
+// conns hands out the connection of one attempt, for a db whose connections Run can hold itself.
+type conns struct {
+	acquire func(ctx context.Context) (*pgx.Conn, func(), error)
+	single  bool // one connection for all attempts: once it is dead, no retry can succeed
+}
+
+func connSource(db Beginner) *conns {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		return &conns{acquire: func(ctx context.Context) (*pgx.Conn, func(), error) {
+			c, err := d.Acquire(ctx)
+			if err != nil {
+				return nil, nil, fmt.Errorf("error acquiring a connection: %w", err)
+			}
+			return c.Conn(), c.Release, nil
+		}}
+	case *pgxpool.Conn:
+		return &conns{single: true, acquire: func(context.Context) (*pgx.Conn, func(), error) { return d.Conn(), func() {}, nil }}
+	case *pgx.Conn:
+		return &conns{single: true, acquire: func(context.Context) (*pgx.Conn, func(), error) { return d, func() {}, nil }}
+	}
+	return nil
+}
+
+// runOwned runs one attempt on a connection Run holds, through an ownedTx, and gives the
+// connection back clean whatever happens, a panic in fn included: no transaction left open.
+func runOwned(ctx context.Context, src *conns, cfg *config, a *txctl.Attempt, fn func(context.Context, pgx.Tx) error) (retry bool, err error) {
+	conn, release, err := src.acquire(ctx)
+	if err != nil {
+		return IsRetryable(err) || IsConnectionLost(err), err
+	}
+	defer release()
+	if conn.IsClosed() {
+		return false, errors.New("tx: the connection given to Run is closed; pass a *pgxpool.Pool to have Run retry on a new one")
+	}
+	if status := conn.PgConn().TxStatus(); status != 'I' {
+		return false, errors.New("tx: the connection given to Run is already in a transaction; pass that transaction (a pgx.Tx) instead, and Run uses a savepoint")
+	}
+	t := &ownedTx{conn: conn, opts: cfg.txOptions(), attempt: a}
+	done := false
+	defer func() {
+		t.closed.Store(true)
+		if !done {
+			// fn panicked or returned an error: nothing of this attempt may stay open.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			t.rollback(rctx)
+		}
+	}()
+
+	if err := fn(ctx, t); err != nil {
+		return retryAfterFn(err, src.single, conn), err
+	}
+	t.closed.Store(true)
+	// pgx would not send COMMIT with a done context, yet report it as a
+	// failed COMMIT; rolling back here keeps the outcome known.
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("tx: context done before COMMIT, so the transaction was rolled back: %w", err)
+	}
+	if err := t.commit(ctx); err != nil {
+		if errors.Is(err, ErrCommitUnknown) {
+			return a.Idempotent() && !(src.single && conn.IsClosed()), err
+		}
+		return IsRetryable(err) || lostBeforeCommit(err), err
+	}
+	done = true
+	return false, nil
+}
+
+// retryAfterFn decides whether an attempt whose fn failed is worth another: a serialization
+// failure or deadlock, or a connection lost before anything was committed (BEGIN travels with
+// fn's first statement, so a connection that died while idle in the pool fails there), when
+// another connection can be had.
+func retryAfterFn(err error, single bool, conn *pgx.Conn) bool {
+	if IsRetryable(err) {
+		return true
+	}
+	return !single && beginFailed(err) && IsConnectionLost(err)
+}
+
+// lostBeforeCommit is a connection that failed before COMMIT was sent: nothing landed.
+func lostBeforeCommit(err error) bool { return beginFailed(err) && IsConnectionLost(err) }
+
+// beginFailed reports whether err says that nothing of the attempt was sent for COMMIT.
+func beginFailed(err error) bool {
+	var u *unsentError
+	return errors.As(err, &u)
+}
+
+// runOnce runs one attempt on a transaction that db begins.
+func runOnce(ctx context.Context, db Beginner, cfg *config, a *txctl.Attempt, fn func(context.Context, pgx.Tx) error) (retry bool, err error) {
+	real, err := begin(ctx, db, cfg)
 	if err != nil {
 		// A failed BEGIN leaves nothing behind, so any lost connection
 		// (a pooled connection that died while idle, a terminated
 		// backend) is worth another attempt on a new one.
-		return IsRetryable(err) || IsConnectionLost(err), fmt.Errorf("error beginning transaction: %w", err)
+		return IsRetryable(err) || IsConnectionLost(err), fmt.Errorf("tx: error beginning transaction: %w", err)
 	}
 	// Rolls back when fn panics; after Commit or Rollback it is a no-op.
-	defer func() { _ = dbtx.Rollback(ctx) }()
+	defer func() { _ = real.Rollback(ctx) }()
 
-	a := &attempt{}
-	if err := fn(withAttempt(ctx, a), dbtx); err != nil {
-		_ = dbtx.Rollback(ctx) // fn's error says more than a failed rollback
+	if err := fn(ctx, &plainTx{Tx: real, attempt: a}); err != nil {
+		_ = real.Rollback(ctx) // fn's error says more than a failed rollback
 		return IsRetryable(err), err
 	}
 
 	// pgx would not send COMMIT with a done context, yet report it as a
 	// failed COMMIT; rolling back here keeps the outcome known.
 	if err := ctx.Err(); err != nil {
-		_ = dbtx.Rollback(ctx)
-		return false, fmt.Errorf("context done before COMMIT, so the transaction was rolled back: %w", err)
+		_ = real.Rollback(ctx)
+		return false, fmt.Errorf("tx: context done before COMMIT, so the transaction was rolled back: %w", err)
 	}
 
-	if err := dbtx.Commit(ctx); err != nil {
+	if err := real.Commit(ctx); err != nil {
 		wrapped, unknown := commitError(err)
 		if unknown {
-			return a.idempotent.Load(), wrapped
+			return a.Idempotent(), wrapped
 		}
 		return IsRetryable(err), wrapped
 	}
@@ -210,45 +305,31 @@ func begin(ctx context.Context, db Beginner, cfg *config) (pgx.Tx, error) {
 // runNested runs fn in a savepoint of parent. It does not retry: see Run.
 func runNested(ctx context.Context, parent pgx.Tx, cfg *config, fn func(context.Context, pgx.Tx) error) error {
 	if cfg.isoLevel != "" {
-		return errors.New("isolation cannot be set on a nested transaction")
+		return errors.New("tx: isolation cannot be set on a nested transaction")
 	}
 	if cfg.readOnly {
-		return errors.New("read-only cannot be set on a nested transaction")
+		return errors.New("tx: read-only cannot be set on a nested transaction")
 	}
 
 	sp, err := parent.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("error beginning nested transaction: %w", err)
+		return fmt.Errorf("tx: error beginning nested transaction: %w", err)
 	}
 	defer func() { _ = sp.Rollback(ctx) }()
 
-	a := &attempt{}
-	if err := fn(withAttempt(ctx, a), sp); err != nil {
-		_ = sp.Rollback(ctx)
+	// A savepoint of a transaction of Run's is already a savepointTx, whose
+	// release passes its mark on; one of some other transaction gets an
+	// attempt of its own, which nothing reads.
+	var child pgx.Tx = sp
+	if _, ok := sp.(txctl.Carrier); !ok {
+		child = &savepointTx{Tx: sp, attempt: &txctl.Attempt{}}
+	}
+	if err := fn(ctx, child); err != nil {
+		_ = child.Rollback(ctx)
 		return err
 	}
-	if err := sp.Commit(ctx); err != nil {
-		return fmt.Errorf("error releasing nested transaction: %w", err)
-	}
-	// The savepoint's writes are now part of the enclosing transaction,
-	// and so is the promise that rerunning them is safe.
-	if a.idempotent.Load() {
-		MarkIdempotent(ctx)
+	if err := child.Commit(ctx); err != nil {
+		return fmt.Errorf("tx: error releasing nested transaction: %w", err)
 	}
 	return nil
-}
-
-// sleep waits for d or until ctx is done, whichever comes first.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -341,7 +341,19 @@ func TestRun(t *testing.T) {
 
 	t.Run("MarkIdempotentOutsideRunIsNoOp", func(t *testing.T) {
 		t.Parallel()
-		require.NotPanics(t, func() { tx.MarkIdempotent(context.Background()) })
+		bundle := setup(t)
+		dbtx, err := bundle.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = dbtx.Rollback(ctx) }()
+		require.False(t, tx.MarkIdempotent(dbtx), "a transaction Run did not begin has nobody to rerun it")
+		require.False(t, tx.MarkIdempotent(nil))
+		require.NoError(t, tx.Run(ctx, bundle.pool, func(ctx context.Context, dbtx pgx.Tx) error {
+			require.True(t, tx.MarkIdempotent(dbtx))
+			sp, err := dbtx.Begin(ctx)
+			require.NoError(t, err)
+			require.True(t, tx.MarkIdempotent(sp), "a savepoint of Run's transaction passes the mark on")
+			return sp.Commit(ctx)
+		}))
 	})
 }
 
@@ -417,13 +429,13 @@ func TestRunNested(t *testing.T) {
 				t.Fatal("fn must not run")
 				return nil
 			}, tx.Isolation(pgx.Serializable))
-			require.EqualError(t, err, "isolation cannot be set on a nested transaction")
+			require.EqualError(t, err, "tx: isolation cannot be set on a nested transaction")
 
 			err = tx.Run(ctx, dbtx, func(ctx context.Context, sp pgx.Tx) error {
 				t.Fatal("fn must not run")
 				return nil
 			}, tx.ReadOnly())
-			require.EqualError(t, err, "read-only cannot be set on a nested transaction")
+			require.EqualError(t, err, "tx: read-only cannot be set on a nested transaction")
 			return nil
 		})
 		require.NoError(t, err)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Defaults used when the corresponding Config field is zero.
@@ -25,7 +28,6 @@ const (
 	DefaultScanInterval      = 15 * time.Second
 	DefaultScanBatchSize     = 100
 	DefaultReapInterval      = time.Minute
-	DefaultReapBatchSize     = 1000
 )
 
 // DB is what an Engine needs from Postgres: several connections at once (a run renews its lease
@@ -88,12 +90,9 @@ type Config struct {
 	// ScanBatchSize bounds how many runs one scan hands to resume jobs. Default 100.
 	ScanBatchSize int
 
-	// ReapInterval is how often expired keys are deleted. At least one second; default 1 minute.
+	// ReapInterval is how often expired keys (of finished runs, and of idem.Do) are deleted, by
+	// idem.Reap in idemriver's reap job. At least one second; default 1 minute.
 	ReapInterval time.Duration
-
-	// ReapBatchSize bounds how many keys one DELETE removes, so the reaper never holds many
-	// locks or writes a large transaction. One reap job runs at most ten batches. Default 1000.
-	ReapBatchSize int
 
 	// Schema is the Postgres schema of idem's tables, as given to idem.Migrate with idem.Schema.
 	// Default "": search_path decides.
@@ -124,9 +123,10 @@ type Engine struct {
 	db        DB
 	cfg       Config
 	workflows map[string]Definition
-	st        *statements
+	st        *store.Statements
 	client    atomic.Pointer[river.Client[pgx.Tx]]
 	log       *slog.Logger
+	owner     string // names this process in the leases it takes, for operators
 
 	// heartbeatOff stops lease renewals, to let tests play a paused process.
 	heartbeatOff atomic.Bool
@@ -150,7 +150,7 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 	if err := c.setDefaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: statementsFor(c.Schema), log: c.Logger}
+	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: store.For(c.Schema), log: c.Logger, owner: leaseOwner()}
 	for i, d := range c.Workflows {
 		if d == nil {
 			return nil, fmt.Errorf("workflow: Workflows[%d] cannot be nil", i)
@@ -161,6 +161,15 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 		e.workflows[d.Name()] = d
 	}
 	return e, nil
+}
+
+// leaseOwner names this process: host and pid, which is what an operator needs to find it.
+func leaseOwner() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
 }
 
 func (c *Config) setDefaults() error {
@@ -190,7 +199,6 @@ func (c *Config) setDefaults() error {
 		dur(&c.ReapInterval, "ReapInterval", DefaultReapInterval, time.Second),
 		num(&c.MaxAttempts, "MaxAttempts", DefaultMaxAttempts),
 		num(&c.ScanBatchSize, "ScanBatchSize", DefaultScanBatchSize),
-		num(&c.ReapBatchSize, "ReapBatchSize", DefaultReapBatchSize),
 		func() error {
 			if c.Queue == "" {
 				c.Queue = river.QueueDefault

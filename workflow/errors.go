@@ -30,6 +30,13 @@ var (
 	//	if errors.Is(err, workflow.ErrFailed) { ... } // final: do not retry with this key
 	ErrFailed = errors.New("workflow: run failed")
 
+	// ErrCancelled is matched by a *CancelledError: the run was cancelled by an operator
+	// (Engine.RunCancel). It stopped at a step boundary, and every retry with its key gets the
+	// cancellation back.
+	//
+	//	if errors.Is(err, workflow.ErrCancelled) { ... } // final: do not retry with this key
+	ErrCancelled = errors.New("workflow: run was cancelled")
+
 	// ErrStepFailed is matched by a *StepError: a step used up its attempts.
 	//
 	//	if errors.Is(err, workflow.ErrStepFailed) { return compensate(ctx) }
@@ -58,6 +65,26 @@ func (e *FailedError) Error() string {
 
 // Is makes errors.Is(err, ErrFailed) true.
 func (e *FailedError) Is(target error) bool { return target == ErrFailed }
+
+// CancelledError is the stored outcome of a cancelled run, returned to every call with its key.
+//
+//	var cancelled *workflow.CancelledError
+//	if errors.As(err, &cancelled) {
+//		log.Printf("payout %s was cancelled: %s", cancelled.ID, cancelled.Reason)
+//	}
+type CancelledError struct {
+	Workflow  string // the workflow's name
+	Scope, ID string // the run's key
+	Reason    string // as given to RunCancel
+}
+
+// Error implements error.
+func (e *CancelledError) Error() string {
+	return fmt.Sprintf("workflow %q (key %q in scope %q) was cancelled: %s", e.Workflow, e.ID, e.Scope, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrCancelled) true.
+func (e *CancelledError) Is(target error) bool { return target == ErrCancelled }
 
 // StepError is returned by a step that used up its attempts, or that failed with an error marked
 // as permanent. The failure is stored in the run's history, so a resumed run gets the same

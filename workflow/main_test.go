@@ -138,7 +138,7 @@ func (b *testBundle) state(t testing.TB, key idem.Key) (string, int) {
 	t.Helper()
 	var state string
 	var attempts int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT state, attempts FROM idem_keys WHERE scope = $1 AND id = $2`, key.Scope, key.ID).Scan(&state, &attempts))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT state, attempts FROM idem_runs WHERE scope = $1 AND id = $2`, key.Scope, key.ID).Scan(&state, &attempts))
 	return state, attempts
 }
 
@@ -171,7 +171,7 @@ func (b *testBundle) waitLeaseExpired(t testing.TB, key idem.Key) {
 	t.Helper()
 	eventually(t, 10*time.Second, "lease of "+key.ID+" to expire", func() bool {
 		var expired bool
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT locked_until <= now() FROM idem_keys WHERE scope = $1 AND id = $2`, key.Scope, key.ID).Scan(&expired))
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT lease_expires_at <= now() FROM idem_runs WHERE scope = $1 AND id = $2`, key.Scope, key.ID).Scan(&expired))
 		return expired
 	})
 }

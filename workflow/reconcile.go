@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/internal/store"
 )
 
 // ReconcileReason says why a run could not simply be resumed.
@@ -117,6 +119,7 @@ type inspected struct {
 	recoveryPoint   string
 	lastError       string
 	created         int64
+	trace           string
 }
 
 // reconcile asks the hook (or the default) what to do with a run that cannot be resumed and
@@ -138,15 +141,15 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected
 	var err error
 	switch d.action {
 	case actionResume:
-		_, err = e.db.Exec(ctx, e.st.reconcileResume, scope, id, row.token, d.after.Microseconds())
+		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileResume, scope, id, row.token, d.after.Microseconds())
 	case actionComplete:
 		data, merr := json.Marshal(d.output)
 		if merr != nil {
 			return fmt.Errorf("error encoding the reconcile hook's output of type %T as JSON: %w", d.output, merr)
 		}
-		_, err = e.db.Exec(ctx, e.st.reconcileEnd, scope, id, row.token, "done", data, e.cfg.TTL.Microseconds())
+		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunDone), data, e.cfg.TTL.Microseconds())
 	default:
-		_, err = e.db.Exec(ctx, e.st.reconcileEnd, scope, id, row.token, "failed", encodeFailure(d.errorMsg), e.cfg.TTL.Microseconds())
+		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunFailed), encodeFailure(d.errorMsg), e.cfg.TTL.Microseconds())
 	}
 	if err != nil {
 		return fmt.Errorf("error storing reconciliation of key %q in scope %q: %w", id, scope, err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -185,8 +186,10 @@ func TestReconcile(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		// A run of a workflow this deployment does not have, whose process died.
-		_, err := b.pool.Exec(b.ctx, `INSERT INTO idem_keys (scope, id, state, workflow, input, lease_token, locked_until, attempts, expires_at)
-VALUES ('s', 'ghost', 'running', 'ghost', '1', gen_random_uuid(), now() - interval '1 second', 1, now() + interval '1 day')`)
+		_, err := b.pool.Exec(b.ctx, `
+INSERT INTO idem_keys (scope, id, workflow, expires_at) VALUES ('s', 'ghost', 'ghost', 'infinity');
+INSERT INTO idem_runs (scope, id, state, workflow, input, lease_token, lease_expires_at, attempts)
+VALUES ('s', 'ghost', 'running', 'ghost', '1', gen_random_uuid(), now() - interval '1 second', 1)`)
 		require.NoError(t, err)
 		cfg := fastConfig()
 		cfg.UnregisteredGrace = 2 * time.Second
@@ -206,51 +209,40 @@ VALUES ('s', 'ghost', 'running', 'ghost', '1', gen_random_uuid(), now() - interv
 	})
 }
 
+// TestReaper runs the engine's reap job, idemriver's, through River: it deletes finished, expired
+// runs with their steps and keys, and Do's expired keys, and keeps the rest. (idem.Reap itself is
+// tested in the root package.)
 func TestReaper(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, err := b.pool.Exec(b.ctx, `
-INSERT INTO idem_keys (scope, id, state, workflow, result, expires_at) VALUES
-	('s', 'do-expired', 'done', NULL, '1', now() - interval '1 second'),
-	('s', 'wf-done-expired', 'done', 'w', '1', now() - interval '1 second'),
-	('s', 'wf-failed-expired', 'failed', 'w', '{"error":"x"}', now() - interval '1 second'),
-	('s', 'do-live', 'done', NULL, '1', now() + interval '1 hour'),
-	('s', 'wf-done-live', 'done', 'w', '1', now() + interval '1 hour');
-INSERT INTO idem_keys (scope, id, state, workflow, lease_token, locked_until, expires_at) VALUES
-	('s', 'wf-running-expired', 'running', 'w', gen_random_uuid(), now() + interval '1 hour', now() - interval '1 second');
+INSERT INTO idem_keys (scope, id, workflow, result, expires_at) VALUES
+	('s', 'do-expired', NULL, '1', now() - interval '1 second'),
+	('s', 'do-live', NULL, '1', now() + interval '1 hour'),
+	('s', 'wf-done-expired', 'w', NULL, 'infinity'),
+	('s', 'wf-done-live', 'w', NULL, 'infinity'),
+	('s', 'wf-running', 'w', NULL, 'infinity');
+INSERT INTO idem_runs (scope, id, workflow, state, output, expires_at, lease_token, lease_expires_at) VALUES
+	('s', 'wf-done-expired', 'w', 'done', '1', now() - interval '1 second', NULL, NULL),
+	('s', 'wf-done-live', 'w', 'done', '1', now() + interval '1 hour', NULL, NULL),
+	('s', 'wf-running', 'w', 'running', NULL, NULL, gen_random_uuid(), now() + interval '1 hour');
 INSERT INTO idem_steps (scope, id, seq, name, kind, output) VALUES
 	('s', 'wf-done-expired', 1, 'a', 'tx', '1'),
 	('s', 'wf-done-live', 1, 'a', 'tx', '1'),
-	('s', 'wf-running-expired', 1, 'a', 'tx', '1')`)
+	('s', 'wf-running', 1, 'a', 'tx', '1')`)
 	require.NoError(t, err)
-	// Make the batch smaller than the work, so that batching is exercised.
-	cfg := fastConfig()
-	cfg.ReapBatchSize = 2
-	e := b.engine(t, cfg)
-
-	n, err := workflow.Reap(b.ctx, e)
-	require.NoError(t, err)
-	require.EqualValues(t, 3, n)
-	rows, err := b.pool.Query(b.ctx, `SELECT id FROM idem_keys ORDER BY id`)
-	require.NoError(t, err)
-	var left []string
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		left = append(left, id)
-	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"do-live", "wf-done-live", "wf-running-expired"}, left)
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`), "steps go with their key")
-
-	// And through River, as the periodic job.
-	_, err = b.pool.Exec(b.ctx, `UPDATE idem_keys SET expires_at = now() - interval '1 second' WHERE id = 'do-live'`)
-	require.NoError(t, err)
+	e := b.engine(t, fastConfig())
 	b.startRiver(t, e)
 	eventually(t, 10*time.Second, "the periodic reaper", func() bool {
-		return b.count(t, `SELECT count(*) FROM idem_keys WHERE id = 'do-live'`) == 0
+		return b.count(t, `SELECT count(*) FROM idem_keys`) == 3
 	})
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_keys`))
+	rows, err := b.pool.Query(b.ctx, `SELECT id FROM idem_keys ORDER BY id`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"do-live", "wf-done-live", "wf-running"}, left)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_runs`))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`), "steps go with their run")
 }
 
 // TestStartTx starts runs in the caller's transaction: a committed start runs in the background

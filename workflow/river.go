@@ -9,6 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemriver"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // ResumeArgs is the River job that resumes one run whose lease expired. The recovery scan
@@ -35,16 +39,8 @@ type ScanArgs struct{}
 // Kind implements river.JobArgs.
 func (ScanArgs) Kind() string { return "idem_workflow_scan" }
 
-// ReapArgs is the periodic River job that deletes expired keys. Insert one to reap at once:
-//
-//	_, err := client.Insert(ctx, workflow.ReapArgs{}, nil)
-type ReapArgs struct{}
-
-// Kind implements river.JobArgs.
-func (ReapArgs) Kind() string { return "idem_reap" }
-
-// AddWorkers registers the engine's River workers (resume, scan, reap) in the application's
-// workers bundle. Run them in the application's own River client: two clients in one schema
+// AddWorkers registers the engine's River workers (resume, scan, and idemriver's reap job) in
+// the application's workers bundle. Run them in the application's own River client: two clients in one schema
 // discard each other's jobs.
 //
 //	workers := river.NewWorkers()
@@ -53,11 +49,19 @@ func (ReapArgs) Kind() string { return "idem_reap" }
 //		return err
 //	}
 func (e *Engine) AddWorkers(workers *river.Workers) error {
+	reaper, err := idemriver.NewReapWorker(e.db, e.reapConfig())
+	if err != nil {
+		return err
+	}
 	return errors.Join(
 		river.AddWorkerSafely[ResumeArgs](workers, &resumeWorker{e: e}),
 		river.AddWorkerSafely[ScanArgs](workers, &scanWorker{e: e}),
-		river.AddWorkerSafely[ReapArgs](workers, &reapWorker{e: e}),
+		river.AddWorkerSafely[idemriver.ReapArgs](workers, reaper),
 	)
+}
+
+func (e *Engine) reapConfig() *idemriver.ReapConfig {
+	return &idemriver.ReapConfig{Interval: e.cfg.ReapInterval, Queue: e.cfg.Queue, Options: []idem.Option{idem.Schema(e.cfg.Schema)}, Logger: e.log}
 }
 
 // PeriodicJobs returns the engine's periodic jobs, the recovery scan (every ScanInterval) and
@@ -74,9 +78,7 @@ func (e *Engine) PeriodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(river.PeriodicInterval(e.cfg.ScanInterval), func() (river.JobArgs, *river.InsertOpts) {
 			return ScanArgs{}, &river.InsertOpts{Queue: q, UniqueOpts: river.UniqueOpts{ByPeriod: e.cfg.ScanInterval}}
 		}, &river.PeriodicJobOpts{ID: "idem_workflow_scan", RunOnStart: true}),
-		river.NewPeriodicJob(river.PeriodicInterval(e.cfg.ReapInterval), func() (river.JobArgs, *river.InsertOpts) {
-			return ReapArgs{}, &river.InsertOpts{Queue: q, UniqueOpts: river.UniqueOpts{ByPeriod: e.cfg.ReapInterval}}
-		}, &river.PeriodicJobOpts{ID: "idem_reap", RunOnStart: true}),
+		idemriver.ReapPeriodicJob(e.reapConfig()),
 	}
 }
 
@@ -96,7 +98,7 @@ func (e *Engine) scan(ctx context.Context) error {
 		return err
 	}
 	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
-		rows, err := t.Query(ctx, e.st.scan, e.cfg.ScanBatchSize)
+		rows, err := t.Query(ctx, e.st.Runs.Scan, e.cfg.ScanBatchSize)
 		if err != nil {
 			return fmt.Errorf("error scanning for runs to resume: %w", err)
 		}
@@ -136,15 +138,15 @@ func (w *resumeWorker) Work(ctx context.Context, job *river.Job[ResumeArgs]) err
 // through the next scan, with its attempts counted.
 func (e *Engine) resume(ctx context.Context, scope, id string) error {
 	var row inspected
-	err := e.db.QueryRow(ctx, e.st.inspect, scope, id).Scan(&row.state, &row.workflow, &row.input, &row.attempts,
-		&row.expired, &row.token, &row.expiredFor, &row.recoveryPoint, &row.lastError, &row.created)
+	err := e.db.QueryRow(ctx, e.st.Runs.Inspect, scope, id).Scan(&row.state, &row.workflow, &row.input, &row.attempts,
+		&row.expired, &row.token, &row.expiredFor, &row.recoveryPoint, &row.lastError, &row.created, &row.trace)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("error looking up run: %w", err)
 	}
-	if row.state != "running" || row.expired == nil || !*row.expired {
+	if store.RunState(row.state) != store.RunRunning || row.expired == nil || !*row.expired {
 		return nil // finished, or owned by a live process
 	}
 
@@ -170,35 +172,4 @@ func (e *Engine) resume(ctx context.Context, scope, id string) error {
 		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", err)
 	}
 	return nil
-}
-
-type reapWorker struct {
-	river.WorkerDefaults[ReapArgs]
-	e *Engine
-}
-
-func (w *reapWorker) Work(ctx context.Context, _ *river.Job[ReapArgs]) error {
-	_, err := w.e.reap(ctx)
-	return err
-}
-
-// maxReapBatches bounds one reap job, so that a large backlog is worked off over several jobs
-// instead of one long one.
-const maxReapBatches = 10
-
-// reap deletes expired, finished keys, idem.Do's and workflows' alike, in batches of
-// ReapBatchSize, each its own short transaction.
-func (e *Engine) reap(ctx context.Context) (int64, error) {
-	var total int64
-	for range maxReapBatches {
-		tag, err := e.db.Exec(ctx, e.st.reap, e.cfg.ReapBatchSize)
-		if err != nil {
-			return total, fmt.Errorf("error deleting expired keys: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(e.cfg.ReapBatchSize) {
-			break
-		}
-	}
-	return total, nil
 }

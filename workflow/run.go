@@ -13,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/keyctx"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // runState is one process's ownership of one run, from taking the lease to giving it up. Steps
@@ -78,37 +81,73 @@ type machineryError struct{ err error }
 func (e *machineryError) Error() string { return e.err.Error() }
 func (e *machineryError) Unwrap() error { return e.err }
 
-// keyRow is the run's row as the lookup statement reads it.
+// keyRow is a key, and its run if it has one, as the lookup statement reads it.
 type keyRow struct {
-	state         string
-	workflow      *string
-	fingerprint   []byte
-	result        []byte
-	input         []byte
-	live          bool // not expired
-	leaseLive     bool
-	leaseLeft     int32 // seconds, rounded up
-	attempts      int
-	token         *uuid.UUID
-	created       int64
-	recoveryPoint string
-	lastError     string
-	expiredFor    float64 // seconds since the lease expired (negative while live)
+	keyWorkflow *string // the workflow the key belongs to; nil for a key of idem.Do
+	keyLive     bool    // Do's key: not expired
+	state       *string // nil when the key has no run
+	fingerprint []byte
+	output      []byte
+	input       []byte
+	runLive     bool // running, or finished and not expired
+	leaseLive   bool
+	leaseLeft   int32 // seconds, rounded up
+	attempts    int
+	token       *uuid.UUID
+	created     int64
+	lastError   string
+	expiredFor  float64 // seconds since the lease expired (negative while live)
+	trace       string
 }
 
-func (e *Engine) lookup(ctx context.Context, key idem.Key) (keyRow, bool, error) {
+func (e *Engine) lookup(ctx context.Context, q store.Querier, key idem.Key) (keyRow, bool, error) {
 	var r keyRow
-	var leaseLive *bool
-	err := e.db.QueryRow(ctx, e.st.lookup, key.Scope, key.ID).Scan(&r.state, &r.workflow, &r.fingerprint, &r.result, &r.input,
-		&r.live, &leaseLive, &r.leaseLeft, &r.attempts, &r.token, &r.created, &r.recoveryPoint, &r.lastError, &r.expiredFor)
+	err := q.QueryRow(ctx, e.st.Runs.Lookup, key.Scope, key.ID).Scan(&r.keyWorkflow, &r.keyLive, &r.state, &r.fingerprint,
+		&r.output, &r.input, &r.runLive, &r.leaseLive, &r.leaseLeft, &r.attempts, &r.token, &r.created, &r.lastError,
+		&r.expiredFor, &r.trace)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
 	if err != nil {
 		return r, false, fmt.Errorf("workflow: error looking up key: %w", err)
 	}
-	r.leaseLive = leaseLive != nil && *leaseLive
 	return r, true, nil
+}
+
+// reusable reports whether the key has finished and expired, so that a new run may take it.
+func (r *keyRow) reusable() bool {
+	if r.keyWorkflow == nil {
+		return !r.keyLive
+	}
+	return r.state != nil && store.RunState(*r.state) != store.RunRunning && !r.runLive
+}
+
+// claimed says why a key that is not reusable cannot be started as a run of workflow name with
+// this fingerprint: it belongs to Do, to another workflow, or to other input. nil if it is this
+// run.
+func (r *keyRow) claimed(name string, key idem.Key, fingerprint []byte) error {
+	switch {
+	case r.keyWorkflow == nil:
+		return fmt.Errorf("%w: key %q in scope %q belongs to idem.Do, not to a run of workflow %q; use a key of its own for each (for example %q)",
+			idem.ErrMismatch, key.ID, key.Scope, name, key.ID+":"+name)
+	case *r.keyWorkflow != name:
+		return fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not %q; use a new key", idem.ErrMismatch, key.ID, key.Scope, *r.keyWorkflow, name)
+	case r.state == nil:
+		return fmt.Errorf("workflow: key %q in scope %q names a run of %q that has no row in idem_runs (was it deleted by hand?); delete the key's row in idem_keys too, or use a new key", key.ID, key.Scope, name)
+	case r.fingerprint != nil && !bytes.Equal(r.fingerprint, fingerprint):
+		return fmt.Errorf("%w: key %q in scope %q was first used with another input; use a new key for a new request", idem.ErrMismatch, key.ID, key.Scope)
+	}
+	return nil
+}
+
+// heldByDo refuses a run under a key that an idem.Do up the call stack holds: the Do's own write
+// would collide with the run's at COMMIT, on every retry.
+func (e *Engine) heldByDo(ctx context.Context, name string, key idem.Key) error {
+	if keyctx.Held(ctx, e.cfg.Schema, key.Scope, key.ID) {
+		return fmt.Errorf("%w: key %q in scope %q is held by the idem.Do (or idemhttp request) this run is started from, and a key belongs to one operation; give the run a key of its own, such as %q",
+			idem.ErrMismatch, key.ID, key.Scope, key.ID+":"+name)
+	}
+	return nil
 }
 
 // runOrJoin is Workflow.Run without the types: start, replay, take over or report in flight,
@@ -125,7 +164,7 @@ func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fi
 		if left <= 0 {
 			return out, err
 		}
-		if serr := sleepCtx(ctx, min(pause, left)); serr != nil {
+		if serr := backoff.Sleep(ctx, min(pause, left)); serr != nil {
 			return nil, fmt.Errorf("workflow: gave up waiting for run in flight: %w", serr)
 		}
 		pause = min(pause*2, 250*time.Millisecond)
@@ -133,14 +172,15 @@ func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fi
 }
 
 func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte) ([]byte, error) {
-	lease, ttl := e.cfg.Lease.Microseconds(), e.cfg.TTL.Microseconds()
+	lease := e.cfg.Lease.Microseconds()
 	name := def.Name()
+	trace := nullable(traceparent(ctx))
 	// Each pass either settles the call or saw the row change under it (deleted by the reaper,
 	// taken over by another process); a handful of passes is plenty.
 	for range 5 {
 		token := uuid.New()
 		var created int64
-		err := e.db.QueryRow(ctx, e.st.start, key.Scope, key.ID, fingerprint, name, input, token, lease, ttl).Scan(&created)
+		err := e.db.QueryRow(ctx, e.st.Runs.Start, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace).Scan(&created)
 		if err == nil {
 			return e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
 		}
@@ -148,17 +188,16 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			return nil, fmt.Errorf("workflow: error starting run: %w", err)
 		}
 
-		row, found, err := e.lookup(ctx, key)
+		row, found, err := e.lookup(ctx, e.db, key)
 		if err != nil {
 			return nil, err
 		}
 		if !found {
 			continue
 		}
-		reusable := !row.live && row.state != "running"
-		switch {
-		case reusable:
-			err := e.db.QueryRow(ctx, e.st.replace, key.Scope, key.ID, fingerprint, name, input, token, lease, ttl).Scan(&created)
+		if row.reusable() {
+			var leaseAt int64
+			err := e.db.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace, 1, true).Scan(&created, &leaseAt)
 			if errors.Is(err, pgx.ErrNoRows) {
 				continue
 			}
@@ -166,16 +205,19 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 				return nil, fmt.Errorf("workflow: error reusing expired key: %w", err)
 			}
 			return e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
-		case row.workflow == nil:
-			return nil, fmt.Errorf("%w: key %q in scope %q was used by idem.Do; use a new key for a workflow", idem.ErrMismatch, key.ID, key.Scope)
-		case *row.workflow != name:
-			return nil, fmt.Errorf("%w: key %q in scope %q belongs to workflow %q, not %q; use a new key", idem.ErrMismatch, key.ID, key.Scope, *row.workflow, name)
-		case row.fingerprint != nil && !bytes.Equal(row.fingerprint, fingerprint):
-			return nil, fmt.Errorf("%w: key %q in scope %q was first used with another input; use a new key for a new request", idem.ErrMismatch, key.ID, key.Scope)
-		case row.state == "done":
-			return row.result, nil
-		case row.state == "failed":
-			return nil, failedFromStored(name, key, row.result)
+		}
+		if err := row.claimed(name, key, fingerprint); err != nil {
+			return nil, err
+		}
+		switch store.RunState(*row.state) {
+		case store.RunDone:
+			return row.output, nil
+		case store.RunFailed:
+			return nil, failedFromStored(name, key, row.output)
+		case store.RunCancelled:
+			return nil, cancelledFromStored(name, key, row.output)
+		}
+		switch {
 		case row.leaseLive:
 			return nil, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, time.Duration(row.leaseLeft)*time.Second)}
 		case row.attempts >= e.cfg.MaxAttempts:
@@ -194,12 +236,21 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 	return nil, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
 }
 
+// nullable turns "" into NULL.
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
 // takeOver takes the lease of a run whose lease expired, if it still has token old, and loads
 // its history. It returns a nil runState when another process was faster.
 func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *uuid.UUID) (*runState, []byte, error) {
 	rs := &runState{e: e, def: def, scope: scope, id: id, token: uuid.New(), next: 1}
 	var input []byte
-	err := e.db.QueryRow(ctx, e.st.takeover, scope, id, rs.token, old, e.cfg.Lease.Microseconds()).Scan(&rs.attempt, &input, &rs.created)
+	var trace string
+	err := e.db.QueryRow(ctx, e.st.Runs.Takeover, scope, id, rs.token, old, e.cfg.Lease.Microseconds(), e.owner).Scan(&rs.attempt, &input, &rs.created, &trace)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, nil
 	}
@@ -208,7 +259,7 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 	}
 	// The history is read after the lease is ours: no other process can add a step now, so the
 	// history cannot grow behind our back.
-	rows, err := e.db.Query(ctx, e.st.history, scope, id)
+	rows, err := e.db.Query(ctx, e.st.Runs.History, scope, id)
 	if err != nil {
 		return nil, nil, fmt.Errorf("workflow: error reading run history: %w", err)
 	}
@@ -253,11 +304,11 @@ func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) ([]byt
 		return nil, e.abandon(ctx, rs, &NonDeterminismError{Workflow: rs.def.Name(), Seq: s.seq, Stored: s.kind + ":" + s.name})
 	}
 
-	state, result := "done", out
+	state, result := store.RunDone, out
 	if ferr != nil {
-		state, result = "failed", encodeFailure(ferr.Error())
+		state, result = store.RunFailed, encodeFailure(ferr.Error())
 	}
-	tag, err := e.db.Exec(ctx, e.st.finish, rs.scope, rs.id, rs.token, state, result, e.cfg.TTL.Microseconds())
+	tag, err := e.db.Exec(ctx, e.st.Runs.Finish, rs.scope, rs.id, rs.token, string(state), result, e.cfg.TTL.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("workflow: error storing the run's outcome (the run will be resumed and finished later): %w", err)
 	}
@@ -279,7 +330,7 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) error {
 	if errors.As(err, &nd) || (errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost)) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if _, serr := e.db.Exec(sctx, e.st.stuck, rs.scope, rs.id, rs.token, err.Error()); serr != nil {
+		if _, serr := e.db.Exec(sctx, e.st.Runs.Stuck, rs.scope, rs.id, rs.token, err.Error()); serr != nil {
 			e.log.WarnContext(ctx, "workflow: error recording why a run stopped", "scope", rs.scope, "id", rs.id, "error", serr)
 		}
 	}
@@ -325,7 +376,7 @@ func (e *Engine) heartbeat(ctx context.Context, rs *runState) (stop func()) {
 			}
 			sent := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, interval)
-			tag, err := e.db.Exec(rctx, e.st.renew, rs.scope, rs.id, rs.token, e.cfg.Lease.Microseconds())
+			tag, err := e.db.Exec(rctx, e.st.Runs.Renew, rs.scope, rs.id, rs.token, e.cfg.Lease.Microseconds())
 			cancel()
 			switch {
 			case err == nil && tag.RowsAffected() == 1:
@@ -342,16 +393,5 @@ func (e *Engine) heartbeat(ctx context.Context, rs *runState) (stop func()) {
 	return func() {
 		close(done)
 		<-exited
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

@@ -1,7 +1,6 @@
 package workflow
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,15 +51,30 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 		fingerprint = idem.Fingerprint("idem.workflow.input", w.name, string(input))
 	}
 
+	if err := e.heldByDo(ctx, w.name, key); err != nil {
+		return err
+	}
+	trace := nullable(traceparent(ctx))
 	var generation int64
-	err = t.QueryRow(ctx, e.st.enqueue, key.Scope, key.ID, fingerprint, w.name, input, e.cfg.TTL.Microseconds()).Scan(&generation)
+	err = t.QueryRow(ctx, e.st.Runs.Enqueue, key.Scope, key.ID, fingerprint, w.name, input, trace).Scan(&generation)
 	if errors.Is(err, pgx.ErrNoRows) {
-		var reuse bool
-		if reuse, err = e.checkStarted(ctx, t, w.name, key, fingerprint); err != nil || !reuse {
+		var row keyRow
+		var found bool
+		if row, found, err = e.lookup(ctx, t, key); err != nil {
 			return err
 		}
+		switch {
+		case !found:
+			return fmt.Errorf("workflow: key %q in scope %q was deleted while the run was being started; try again", key.ID, key.Scope)
+		case !row.reusable():
+			return row.claimed(w.name, key, fingerprint) // nil: this run, started before
+		}
 		// An expired, finished key is a new key, as for Run: take it, ownerless.
-		err = t.QueryRow(ctx, e.st.replace, key.Scope, key.ID, fingerprint, w.name, input, nil, int64(0), e.cfg.TTL.Microseconds()).Scan(&generation)
+		var created int64
+		err = t.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, w.name, input, nil, nil, int64(0), trace, 0, false).Scan(&created, &generation)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("workflow: key %q in scope %q changed while the run was being started; try again", key.ID, key.Scope)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("workflow: error starting run: %w", err)
@@ -71,36 +85,4 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 		return fmt.Errorf("workflow: error inserting the job that runs the workflow: %w", err)
 	}
 	return nil
-}
-
-// checkStarted answers StartTx for a key that exists: nothing to do if it is this workflow with
-// this input, a mismatch if not, and reuse if it is finished and expired.
-func (e *Engine) checkStarted(ctx context.Context, t pgx.Tx, name string, key idem.Key, fingerprint []byte) (reuse bool, err error) {
-	var (
-		workflow *string
-		stored   []byte
-		state    string
-		live     bool
-	)
-	err = t.QueryRow(ctx, `SELECT workflow, fingerprint, state, expires_at > now() FROM `+e.keysTable()+` WHERE scope = $1 AND id = $2`,
-		key.Scope, key.ID).Scan(&workflow, &stored, &state, &live)
-	if err != nil {
-		return false, fmt.Errorf("workflow: error looking up key: %w", err)
-	}
-	switch {
-	case !live && state != "running":
-		return true, nil
-	case workflow == nil || *workflow != name:
-		return false, fmt.Errorf("%w: key %q in scope %q is used by something other than workflow %q; use a new key", idem.ErrMismatch, key.ID, key.Scope, name)
-	case stored != nil && !bytes.Equal(stored, fingerprint):
-		return false, fmt.Errorf("%w: key %q in scope %q was first used with another input; use a new key for a new request", idem.ErrMismatch, key.ID, key.Scope)
-	}
-	return false, nil
-}
-
-func (e *Engine) keysTable() string {
-	if e.cfg.Schema == "" {
-		return "idem_keys"
-	}
-	return pgx.Identifier{e.cfg.Schema, "idem_keys"}.Sanitize()
 }

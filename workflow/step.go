@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -14,6 +13,9 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/txctl"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -73,15 +75,7 @@ func (o *StepOpts) withDefaults() (StepOpts, error) {
 }
 
 func (o *StepOpts) backoff(attempt int) time.Duration {
-	ceiling := o.MinBackoff
-	for i := 1; i < attempt && ceiling < o.MaxBackoff; i++ {
-		ceiling *= 2
-	}
-	ceiling = min(ceiling, o.MaxBackoff)
-	if ceiling <= 0 {
-		return 0
-	}
-	return rand.N(ceiling) + 1
+	return backoff.Jitter{Min: o.MinBackoff, Max: o.MaxBackoff}.Wait(attempt)
 }
 
 // StepInfo describes the step being run, for the step kinds in package steps.
@@ -108,10 +102,14 @@ func (s *StepInfo) RiverClient(ctx context.Context) (*river.Client[pgx.Tx], erro
 	return s.rs.e.riverClient(ctx)
 }
 
-// StepKeyNamespace is the UUID namespace of derived step keys (see [StepKey]).
+// StepKeyNamespace is the UUID namespace of derived step keys (see [StepKey]). It is a constant:
+// changing it would change every derived key, and a step resumed after the change would hand
+// the outside service a new key, and be applied twice.
 //
-//	key := uuid.NewSHA1(workflow.StepKeyNamespace, data).String()
-var StepKeyNamespace = uuid.MustParse("4230bd19-b1e3-5e84-8235-aedfa4a8cfc1")
+//	key := uuid.NewSHA1(uuid.MustParse(workflow.StepKeyNamespace), data).String()
+const StepKeyNamespace = "4230bd19-b1e3-5e84-8235-aedfa4a8cfc1"
+
+var stepKeyNamespace = uuid.MustParse(StepKeyNamespace)
 
 // StepKey is the idempotency key a step hands to an outside service: a name-based UUID
 // (version 5, RFC 9562) in [StepKeyNamespace] over the run's key, the run's creation time in
@@ -140,7 +138,7 @@ func stepKey(scope, id string, created int64, seq int, name string) string {
 	b = strconv.AppendInt(b, int64(seq), 10)
 	b = append(b, 0)
 	b = append(b, name...)
-	return uuid.NewSHA1(StepKeyNamespace, b).String()
+	return uuid.NewSHA1(stepKeyNamespace, b).String()
 }
 
 // RunStep runs one step of kind whose work happens outside Postgres (steps.Call is built on
@@ -153,7 +151,7 @@ func stepKey(scope, id string, created int64, seq int, name string) string {
 //		return json.Marshal(charge(ctx, info.Key))
 //	})
 func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, info *StepInfo) ([]byte, error)) ([]byte, error) {
-	return runStep(ctx, kind, name, opts, func(ctx context.Context, s *StepInfo) ([]byte, error) {
+	return runStep(ctx, kind, name, opts, false, func(ctx context.Context, s *StepInfo) ([]byte, error) {
 		out, err := body(ctx, s)
 		if err != nil {
 			return nil, err
@@ -177,7 +175,7 @@ func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(c
 //		return []byte("null"), err
 //	})
 func RunStepTx(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
-	return runStep(ctx, kind, name, opts, func(ctx context.Context, s *StepInfo) ([]byte, error) {
+	return runStep(ctx, kind, name, opts, true, func(ctx context.Context, s *StepInfo) ([]byte, error) {
 		var out []byte
 		runs := 0
 		err := tx.Run(ctx, s.rs.e.db, func(ctx context.Context, t pgx.Tx) error {
@@ -190,7 +188,7 @@ func RunStepTx(ctx context.Context, kind, name string, opts *StepOpts, body func
 					return err
 				}
 			}
-			tx.MarkIdempotent(ctx)
+			tx.MarkIdempotent(t)
 			o, err := body(ctx, t, s)
 			if err != nil {
 				return err
@@ -203,8 +201,9 @@ func RunStepTx(ctx context.Context, kind, name string, opts *StepOpts, body func
 }
 
 // runStep is the part all step kinds share: the place in the history, replay, retries, and
-// telling the workflow's failures from the machinery's.
-func runStep(ctx context.Context, kind, name string, opts *StepOpts, attempt func(ctx context.Context, s *StepInfo) ([]byte, error)) ([]byte, error) {
+// telling the workflow's failures from the machinery's. inPostgres is true for the steps whose
+// work is a Postgres transaction (RunStepTx): a lost connection there has not failed the step.
+func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres bool, attempt func(ctx context.Context, s *StepInfo) ([]byte, error)) ([]byte, error) {
 	rs, ok := runFrom(ctx)
 	if !ok {
 		return nil, fmt.Errorf("workflow: step %q was called outside a workflow: ctx must be (or derive from) the context a workflow function receives", name)
@@ -271,7 +270,7 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, attempt fun
 			return nil, rs.stop(context.Cause(ctx))
 		case errors.As(err, &mErr), errors.Is(err, tx.ErrCommitUnknown):
 			return nil, rs.stop(err)
-		case kind != "call" && tx.IsConnectionLost(err):
+		case inPostgres && tx.IsConnectionLost(err):
 			// A step that works in Postgres and lost its connection has not failed: the run
 			// stops unstored, its lease runs out, and the recovery worker resumes it from this
 			// step. Storing the error would fail the run for good over a network blip.
@@ -284,7 +283,7 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, attempt fun
 			}
 			return nil, &StepError{Step: name, Seq: seq, Attempts: n, Message: msg}
 		}
-		if serr := sleepCtx(ctx, cfg.backoff(n)); serr != nil {
+		if serr := backoff.Sleep(ctx, cfg.backoff(n)); serr != nil {
 			return nil, rs.stop(context.Cause(ctx))
 		}
 	}
@@ -297,41 +296,50 @@ func isPermanent(err error) bool {
 	return errors.As(err, &r) && !r.Retryable()
 }
 
-// checkpointTx writes the step's row in t if rs still holds the lease; otherwise it stops the
-// run with ErrLeaseLost, and t must be rolled back.
+// checkpointTx writes the step's row in t if rs still holds the lease. In a transaction of
+// tx.Run's, the write is sent with COMMIT, in the same round trip; its fence still stops the
+// step's writes from committing when the lease is lost. Otherwise it is written now, and a lost
+// lease stops the run with ErrLeaseLost (t must then be rolled back).
 func (rs *runState) checkpointTx(ctx context.Context, t pgx.Tx, s *StepInfo, output []byte, errMsg *string) error {
-	tag, err := t.Exec(ctx, rs.e.st.checkpoint, rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg,
-		rs.e.cfg.Lease.Microseconds(), s.Attempt)
-	if err != nil {
-		if tx.IsRetryable(err) {
-			return err // tx.Run reruns the transaction
-		}
-		return &machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)}
+	args := []any{rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg, s.Attempt}
+	if a, canDefer := txctl.From(t); canDefer {
+		a.Queue(txctl.Deferred{SQL: rs.e.st.Runs.Checkpoint, Args: args, MapErr: func(err error) error { return rs.checkpointError(s, err) }})
+		return nil
 	}
-	if tag.RowsAffected() == 0 {
-		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", s.Name, ErrLeaseLost))
+	if _, err := t.Exec(ctx, rs.e.st.Runs.Checkpoint, args...); err != nil {
+		return rs.checkpointError(s, err)
 	}
 	return nil
+}
+
+// checkpointError turns a failed checkpoint into what stops (or retries) the step.
+func (rs *runState) checkpointError(s *StepInfo, err error) error {
+	switch {
+	case store.IsFenceError(err):
+		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", s.Name, ErrLeaseLost))
+	case tx.IsRetryable(err):
+		return err // tx.Run reruns the transaction
+	}
+	return &machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)}
 }
 
 // checkpoint writes the step's row on its own: one statement, so no transaction around it.
 // If its acknowledgement is lost, the run stops and a resume reads the history to see whether
 // it landed.
 func (rs *runState) checkpoint(ctx context.Context, s *StepInfo, output []byte, errMsg *string) error {
-	tag, err := rs.e.db.Exec(ctx, rs.e.st.checkpoint, rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg,
-		rs.e.cfg.Lease.Microseconds(), s.Attempt)
-	switch {
-	case err != nil:
+	_, err := rs.e.db.Exec(ctx, rs.e.st.Runs.Checkpoint, rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg, s.Attempt)
+	if err != nil {
+		if store.IsFenceError(err) {
+			return rs.checkpointError(s, err)
+		}
 		return rs.stop(&machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)})
-	case tag.RowsAffected() == 0:
-		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", s.Name, ErrLeaseLost))
 	}
 	return nil
 }
 
 func (rs *runState) storedStep(ctx context.Context, t pgx.Tx, seq int) (stepRecord, bool, error) {
 	rec := stepRecord{seq: seq}
-	err := t.QueryRow(ctx, rs.e.st.stepLookup, rs.scope, rs.id, seq).Scan(&rec.output, &rec.errMsg, &rec.attempts)
+	err := t.QueryRow(ctx, rs.e.st.Runs.Step, rs.scope, rs.id, seq).Scan(&rec.output, &rec.errMsg, &rec.attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return rec, false, nil
 	}
@@ -348,6 +356,14 @@ type storedFailure struct {
 func encodeFailure(msg string) []byte {
 	data, _ := json.Marshal(storedFailure{Error: msg}) // a struct of one string always encodes
 	return data
+}
+
+func cancelledFromStored(name string, key idem.Key, result []byte) error {
+	var f storedFailure
+	if err := json.Unmarshal(result, &f); err != nil {
+		f.Error = string(result)
+	}
+	return &CancelledError{Workflow: name, Scope: key.Scope, ID: key.ID, Reason: f.Error}
 }
 
 func failedFromStored(name string, key idem.Key, result []byte) error {

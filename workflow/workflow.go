@@ -146,6 +146,9 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if opts.Wait < 0 {
 		return zero, fmt.Errorf("workflow: RunOpts.Wait cannot be negative (got %s)", opts.Wait)
 	}
+	if err := e.heldByDo(ctx, w.name, key); err != nil {
+		return zero, err
+	}
 	input, err := json.Marshal(in)
 	if err != nil {
 		return zero, fmt.Errorf("workflow: error encoding input of type %T as JSON: %w", in, err)

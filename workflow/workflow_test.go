@@ -49,7 +49,7 @@ func TestRun(t *testing.T) {
 		require.Equal(t, "done", state)
 		require.Equal(t, 1, attempts)
 		require.Equal(t, 3, b.count(t, `SELECT count(*) FROM idem_steps`))
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_keys WHERE recovery_point = 'settle' AND lease_token IS NULL`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs r WHERE lease_token IS NULL AND (SELECT name FROM idem_steps s WHERE s.scope = r.scope AND s.id = r.id ORDER BY seq DESC LIMIT 1) = 'settle'`))
 	})
 
 	t.Run("StepKeyIsDocumentedFormat", func(t *testing.T) {
@@ -60,7 +60,7 @@ func TestRun(t *testing.T) {
 		r, err := wf.Run(b.ctx, e, key("k1"), req, nil)
 		require.NoError(t, err)
 		var created time.Time
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT created_at FROM idem_keys`).Scan(&created))
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT created_at FROM idem_runs`).Scan(&created))
 		require.Equal(t, workflow.StepKey(key("k1"), created, 2, "charge"), r.ChargeKey)
 		require.NotEqual(t, workflow.StepKey(key("k2"), created, 2, "charge"), r.ChargeKey)
 	})
@@ -314,7 +314,7 @@ func TestRun(t *testing.T) {
 		require.NotErrorIs(t, err, workflow.ErrFailed)
 		state, _ := b.state(t, key("k1"))
 		require.Equal(t, "running", state)
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_keys WHERE last_error LIKE '%panicked: nil map%'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE last_error LIKE '%panicked: nil map%'`))
 	})
 
 	t.Run("HeartbeatKeepsALongStepsLease", func(t *testing.T) {
@@ -502,7 +502,7 @@ func TestNonDeterminism(t *testing.T) {
 			require.Equal(t, "running", state)
 			require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`))
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
-			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_keys WHERE last_error LIKE '%not deterministic%'`))
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE last_error LIKE '%not deterministic%'`))
 		})
 	}
 }

@@ -57,7 +57,7 @@ func readLedger(ctx context.Context, pool *pgxpool.Pool) (*ledger, error) {
 	(SELECT count(*) FROM river_job WHERE kind = 'bank_notify'),
 	(SELECT count(*) FROM bank_transfers WHERE status = 'done') + (SELECT count(*) FROM bank_payouts WHERE status IN ('settled', 'released')),
 	(SELECT coalesce(max(n), 0) FROM (SELECT count(*) n FROM river_job WHERE kind = 'bank_notify' GROUP BY args->>'ref') x),
-	(SELECT count(*) FROM idem_keys WHERE state = 'running')`).Scan(
+	(SELECT count(*) FROM idem_runs WHERE state = 'running')`).Scan(
 		&l.Opening, &l.Balances, &l.Held, &l.PaidOut, &l.HeldForPayouts,
 		&l.Transfers, &l.Declined, &l.MaxRowsPerTransferKey, &l.MaxRowsPerPayoutKey,
 		&l.Charges, &l.MaxChargesPerPayout, &l.ChargesWithoutSettled, &l.SettledWithoutCharge,

@@ -102,7 +102,7 @@ func demo(ctx context.Context, a *app, out io.Writer) error {
 	var attempts int
 	err := d.wait(ctx, "the recovery worker to resume it", 30*time.Second, func() (bool, error) {
 		var state string
-		err := a.pool.QueryRow(ctx, `SELECT state, attempts FROM idem_keys WHERE scope = 'customer:bob' AND id = $1`, kp).Scan(&state, &attempts)
+		err := a.pool.QueryRow(ctx, `SELECT state, attempts FROM idem_runs WHERE scope = 'customer:bob' AND id = $1`, kp).Scan(&state, &attempts)
 		return state == "done", err
 	})
 	expect(err == nil, "the payout was not resumed: %v", err)

@@ -171,7 +171,7 @@ func connLost(err error) bool {
 // not cover it. Either way the payout gets its row, in the step's transaction.
 func reserve(ctx context.Context, t pgx.Tx, in payoutInput) (hold, error) {
 	var h hold
-	if err := t.QueryRow(ctx, `SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM idem_keys WHERE scope = $1 AND id = $2`,
+	if err := t.QueryRow(ctx, `SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM idem_runs WHERE scope = $1 AND id = $2`,
 		in.Scope, in.Key).Scan(&h.RunCreated); err != nil {
 		return h, err
 	}

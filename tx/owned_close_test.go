@@ -1,14 +1,15 @@
-package idem
+package tx
 
 import (
 	"context"
 	"errors"
-	"reflect"
 	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/txctl"
 )
 
 // stubTx stands in for pgx's transaction under ownedTx. It is not a store: the test is about
@@ -26,15 +27,8 @@ func (s *stubTx) Exec(context.Context, string, ...any) (pgconn.CommandTag, error
 	return pgconn.CommandTag{}, nil
 }
 
-// markClosed does what Run does when fn returns. It compiles against a plain bool field too (as
-// a plain write, which is the race this test is for), so it fails under -race before the fix.
-func markClosed(t *ownedTx) {
-	if s, ok := any(&t.closed).(interface{ Store(bool) }); ok {
-		s.Store(true)
-		return
-	}
-	reflect.ValueOf(&t.closed).Elem().SetBool(true)
-}
+// markClosed does what Run does when fn returns.
+func markClosed(t *ownedTx) { t.closed.Store(true) }
 
 // TestOwnedTxCloseRace is the misuse the guard exists for: goroutines that kept the transaction
 // Run gave fn keep using it while Run ends it on its own goroutine. Under -race, a plain bool
@@ -42,7 +36,7 @@ func markClosed(t *ownedTx) {
 func TestOwnedTxCloseRace(t *testing.T) {
 	t.Parallel()
 	stub := &stubTx{}
-	ot := &ownedTx{Tx: stub}
+	ot := &ownedTx{real: stub, attempt: &txctl.Attempt{}}
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)

@@ -1,0 +1,114 @@
+package store
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// KeyStatements are idem.Do's statements on idem_keys.
+type KeyStatements struct {
+	// Lookup reads a key and, unless it holds a live result, takes the transaction-scoped
+	// advisory lock that marks it in flight. Arguments: scope, id, lock id. One row whatever
+	// happens, thanks to the outer join against a one-row relation. pg_try_ never waits, so a
+	// duplicate is answered at once instead of parking a connection on a lock, and replays never
+	// contend with each other.
+	Lookup string
+
+	// Insert stores a result. Arguments: scope, id, fingerprint, result, TTL in µs. The TTL counts
+	// from this write, not from the transaction's start, so that a transaction longer than the
+	// TTL cannot store a key that is already expired. A plain INSERT on purpose: if a racing
+	// duplicate committed this key after our snapshot was taken, the primary key rejects the
+	// write and Postgres aborts the transaction, so neither our effects nor our result can commit
+	// beside the other's.
+	Insert string
+
+	// Replace stores a result under a key of Do's that had expired. Arguments as Insert. It
+	// replaces the row only if it is still expired when the UPDATE gets to it; if it is not (a
+	// racer renewed it), or it is gone (the reaper deleted it), it falls through to an INSERT,
+	// which either takes the free key or aborts on the racer's row.
+	Replace string
+
+	// RunKey is the rare path of a key that belongs to a run: it takes the key's lock and says
+	// whether the run has finished and expired, so that Do may use the key. Arguments: scope,
+	// id, lock id.
+	RunKey string
+
+	// ClearRun deletes a finished, expired run with its steps and key, so that Do can insert the
+	// key afresh. It deletes nothing if the run is not expired by the time it gets to it.
+	// Arguments: scope, id.
+	ClearRun string
+}
+
+func keyStatements(t Tables) KeyStatements {
+	return KeyStatements{
+		Lookup: t.render(`SELECT k.fingerprint, k.result, k.workflow, k.expires_at > now(),
+	CASE WHEN k.expires_at > now() THEN true ELSE pg_try_advisory_xact_lock($3) END
+FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND k.id = $2`),
+
+		Insert: t.render(`INSERT INTO {keys} (scope, id, fingerprint, result, created_at, expires_at)
+VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5::int8 @us)`),
+
+		Replace: t.render(`WITH replaced AS (
+	UPDATE {keys} SET fingerprint = $3, result = $4, created_at = statement_timestamp(),
+		expires_at = statement_timestamp() + $5::int8 @us
+	WHERE scope = $1 AND id = $2 AND expires_at <= now() AND workflow IS NULL
+	RETURNING 1
+)
+INSERT INTO {keys} (scope, id, fingerprint, result, created_at, expires_at)
+SELECT $1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5::int8 @us
+WHERE NOT EXISTS (SELECT FROM replaced)`),
+
+		RunKey: t.render(`SELECT pg_try_advisory_xact_lock($3),
+	coalesce((SELECT expires_at <= now() FROM {runs} WHERE scope = $1 AND id = $2), false)`),
+
+		ClearRun: t.render(`WITH run AS (
+	DELETE FROM {runs} WHERE scope = $1 AND id = $2 AND expires_at <= now() RETURNING 1
+), steps AS (
+	DELETE FROM {steps} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM run)
+)
+DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NOT NULL AND EXISTS (SELECT FROM run)`),
+	}
+}
+
+// KeyRow is a key as Lookup reads it.
+type KeyRow struct {
+	Found       bool
+	Fingerprint []byte
+	Result      []byte
+	Workflow    *string // set when the key belongs to a run
+	Live        bool    // not expired
+	Locked      bool    // this transaction holds the key's lock (or needed none: a live result)
+}
+
+// LookupKey runs Lookup on q.
+func LookupKey(ctx context.Context, q Querier, st *Statements, scope, id string, lock int64) (KeyRow, error) {
+	var (
+		row  KeyRow
+		live *bool
+	)
+	err := q.QueryRow(ctx, st.Keys.Lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.Workflow, &live, &row.Locked)
+	if err != nil {
+		return KeyRow{}, err
+	}
+	return finishKeyRow(row, live), nil
+}
+
+// ScanKeyRow reads the result of Lookup from r, as sent in a batch.
+func ScanKeyRow(r pgx.Row) (KeyRow, error) {
+	var (
+		row  KeyRow
+		live *bool
+	)
+	if err := r.Scan(&row.Fingerprint, &row.Result, &row.Workflow, &live, &row.Locked); err != nil {
+		return KeyRow{}, err
+	}
+	return finishKeyRow(row, live), nil
+}
+
+func finishKeyRow(row KeyRow, live *bool) KeyRow {
+	if live != nil {
+		row.Found, row.Live = true, *live
+	}
+	return row
+}

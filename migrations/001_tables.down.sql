@@ -1,0 +1,3 @@
+DROP TABLE idem_steps;
+DROP TABLE idem_runs;
+DROP TABLE idem_keys;

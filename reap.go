@@ -1,0 +1,132 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/tx"
+)
+
+// Beginner begins a transaction. *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx (a
+// savepoint) satisfy it. It is tx.Beginner: one interface for the same thing across idem.
+//
+//	var db idem.Beginner = pool // or conn, or an open pgx.Tx
+//	err := idem.Migrate(ctx, db)
+type Beginner = tx.Beginner
+
+// Querier sends statements: *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it.
+//
+//	var db idem.Querier = pool
+//	n, err := idem.Reap(ctx, db)
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Reap defaults; see the options of the same names.
+const (
+	DefaultReapBusy      = 0.25
+	DefaultReapBatchTime = 25 * time.Millisecond
+)
+
+// Reap deletes what has expired: keys of [Do] past their [TTL], and finished workflow runs past
+// theirs, with their steps. A run still running is never deleted, whatever its age. It works in
+// short batches, each a statement of its own, oldest expiry first, until nothing expired is
+// left, ctx ends, or [ReapMax] keys are gone; it returns how many keys it deleted.
+//
+// Reap paces itself so that it does not crowd out the traffic that writes keys: it measures
+// each batch, sizes the next to take about [ReapBatchTime], and rests between batches so that it
+// works [ReapBusy] of the time (a quarter, by default). Call it from a ticker, or register the
+// River job in package idemriver (the workflow engine runs that job already). Several reapers
+// at once share the work: each skips the rows another holds, so none waits, fails or deadlocks.
+//
+//	n, err := idem.Reap(ctx, pool)
+//	log.Printf("reaped %d expired keys", n)
+//
+// A deleted key is free again: the next call with it runs afresh. That is the meaning of the TTL,
+// and Reap only makes it hold on disk too; before Reap gets to them, expired keys are treated as
+// new already.
+func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
+	cfg := newConfig(opts)
+	if cfg.err != nil {
+		return 0, cfg.err
+	}
+	if db == nil {
+		return 0, errors.New("idem: Reap needs a database; db is nil")
+	}
+	st := store.For(cfg.schema)
+	r := &reaper{db: db, cfg: cfg, batch: 500}
+	keys, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
+		tag, err := db.Exec(ctx, st.Reap.Keys, limit)
+		return tag.RowsAffected(), err
+	})
+	if err != nil {
+		return keys, err
+	}
+	r.batch = 100 // runs take their steps with them: start smaller
+	runs, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
+		var n int64
+		err := db.QueryRow(ctx, st.Reap.Runs, limit).Scan(&n)
+		return n, err
+	})
+	return keys + runs, err
+}
+
+type reaper struct {
+	db    Querier
+	cfg   *config
+	batch int
+	total int64
+}
+
+const (
+	minReapBatch = 16
+	maxReapBatch = 20000
+)
+
+// drain deletes in batches with del until a batch comes back short.
+func (r *reaper) drain(ctx context.Context, del func(ctx context.Context, limit int) (int64, error)) (int64, error) {
+	var deleted int64
+	for {
+		limit := r.batch
+		if r.cfg.reapMax > 0 {
+			left := r.cfg.reapMax - r.total
+			if left <= 0 {
+				return deleted, nil
+			}
+			limit = int(min(int64(limit), left))
+		}
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("idem: stopped reaping after %d keys: %w", deleted, err)
+		}
+		start := time.Now()
+		n, err := del(ctx, limit)
+		took := time.Since(start)
+		if err != nil {
+			return deleted, fmt.Errorf("idem: error deleting expired keys (after %d): %w", deleted, err)
+		}
+		deleted += n
+		r.total += n
+		if n < int64(limit) {
+			return deleted, nil
+		}
+		// Size the next batch to take about ReapBatchTime, moving halfway there each time so
+		// that one slow batch (a checkpoint, a cold page) does not swing it.
+		if took > 0 {
+			want := float64(limit) * float64(r.cfg.reapBatchTime) / float64(took)
+			r.batch = min(max(int((float64(r.batch)+want)/2), minReapBatch), maxReapBatch)
+		}
+		rest := time.Duration(float64(took) * (1 - r.cfg.reapBusy) / r.cfg.reapBusy)
+		if err := backoff.Sleep(ctx, rest); err != nil {
+			return deleted, fmt.Errorf("idem: stopped reaping after %d keys: %w", deleted, err)
+		}
+	}
+}

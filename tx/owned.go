@@ -1,0 +1,443 @@
+package tx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/txctl"
+)
+
+// ownedTx is the pgx.Tx that Run hands to fn when Run holds the connection itself (db is a
+// *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn). It saves the round trips a transaction spends on
+// its own bookkeeping:
+//
+//   - BEGIN is not sent on its own: it travels in one pipelined batch with fn's first statement
+//     (pgx's Batch.BeginTx). A fn that sends nothing costs no round trip at all.
+//   - Writes queued with txctl (idem.Do's key, a workflow step's checkpoint) travel in one batch
+//     with COMMIT, after everything fn did.
+//
+// fn cannot end the transaction itself: Commit and Rollback return an error. Once fn has
+// returned, the view is closed, so that a reference kept past fn cannot reach a connection that
+// may be back in the pool.
+type ownedTx struct {
+	conn    *pgx.Conn
+	opts    pgx.TxOptions
+	attempt *txctl.Attempt
+
+	real    pgx.Tx // nil until BEGIN has been sent
+	noDefer bool   // fn took control of the connection or of the transaction; write at once
+	closed  atomic.Bool
+	broken  error // from Conn, which cannot return it; reported at COMMIT
+}
+
+var errOwnedByRun = errors.New("tx: Run commits or rolls back its transaction when fn returns; return an error from fn to roll back")
+
+// TxAttempt implements txctl.Carrier.
+func (t *ownedTx) TxAttempt() (*txctl.Attempt, bool) { return t.attempt, !t.noDefer }
+
+// begun sends BEGIN on its own, if it has not gone yet.
+func (t *ownedTx) begun(ctx context.Context) (pgx.Tx, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
+	if t.real != nil {
+		return t.real, nil
+	}
+	real, err := t.conn.BeginTx(ctx, t.opts)
+	if err != nil {
+		return nil, &unsentError{fmt.Errorf("tx: error beginning transaction: %w", err)}
+	}
+	t.real = real
+	return real, nil
+}
+
+// takeControl is called before fn does something the view cannot follow (raw transaction
+// control, its own batches, the raw connection): the queued writes go out now, in order, and
+// later ones are written at once.
+func (t *ownedTx) takeControl(ctx context.Context) error {
+	t.noDefer = true
+	pending := t.attempt.TakePending()
+	if len(pending) == 0 {
+		return nil
+	}
+	real, err := t.begun(ctx)
+	if err != nil {
+		return err
+	}
+	for _, d := range pending {
+		if _, err := real.Exec(ctx, d.SQL, d.Args...); err != nil {
+			return mapDeferred(d, err)
+		}
+	}
+	return nil
+}
+
+// batchable reports whether a statement can ride with BEGIN in one batch: pgx runs statements
+// without arguments through the simple protocol, which allows several statements in one string,
+// and a batch does not; and a batch takes no per-query execution mode.
+func batchable(args []any) bool {
+	if len(args) == 0 {
+		return false
+	}
+	switch args[0].(type) {
+	case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		return false
+	}
+	return true
+}
+
+// controlsTx reports whether sql is transaction control that fn sends itself (SAVEPOINT,
+// ROLLBACK TO, RELEASE): queued writes must not move past it.
+func controlsTx(sql string) bool {
+	s := strings.TrimLeft(sql, " \t\r\n(")
+	for _, word := range []string{"savepoint", "rollback", "release", "commit", "begin", "start", "end", "abort", "prepare"} {
+		if len(s) >= len(word) && strings.EqualFold(s[:len(word)], word) {
+			return true
+		}
+	}
+	return false
+}
+
+// sendWithBegin sends BEGIN and one statement in one batch, and returns the batch positioned on
+// the statement's result.
+func (t *ownedTx) sendWithBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	b.Queue(sql, args...)
+	br := t.conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, &unsentError{fmt.Errorf("tx: error beginning transaction: %w", err)}
+	}
+	t.real = br.Tx()
+	return br, nil
+}
+
+func (t *ownedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.closed.Load() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	if controlsTx(sql) {
+		if err := t.takeControl(ctx); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+	}
+	if t.real == nil && batchable(args) {
+		br, err := t.sendWithBegin(ctx, sql, args)
+		if err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		tag, err := br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return tag, err
+	}
+	real, err := t.begun(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return real.Exec(ctx, sql, args...)
+}
+
+func (t *ownedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
+	if t.real == nil && batchable(args) {
+		br, err := t.sendWithBegin(ctx, sql, args)
+		if err != nil {
+			return nil, err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+		return &batchRows{Rows: rows, br: br}, nil
+	}
+	real, err := t.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return real.Query(ctx, sql, args...)
+}
+
+func (t *ownedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.closed.Load() {
+		return errRow{pgx.ErrTxClosed}
+	}
+	if t.real == nil && batchable(args) {
+		br, err := t.sendWithBegin(ctx, sql, args)
+		if err != nil {
+			return errRow{err}
+		}
+		return &batchRow{br: br}
+	}
+	real, err := t.begun(ctx)
+	if err != nil {
+		return errRow{err}
+	}
+	return real.QueryRow(ctx, sql, args...)
+}
+
+// Begin starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
+func (t *ownedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	real, err := t.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sp, err := real.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointTx{Tx: sp, attempt: t.attempt.Child()}, nil
+}
+
+// Commit is refused: Run commits when fn returns.
+func (t *ownedTx) Commit(context.Context) error { return errOwnedByRun }
+
+// Rollback is refused: return an error from fn, and Run rolls back.
+func (t *ownedTx) Rollback(context.Context) error { return errOwnedByRun }
+
+func (t *ownedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	real, err := t.begun(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return real.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *ownedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.takeControl(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	real, err := t.begun(ctx)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return real.SendBatch(ctx, b)
+}
+
+func (t *ownedTx) LargeObjects() pgx.LargeObjects {
+	real, err := t.begun(context.Background())
+	if err != nil {
+		return pgx.LargeObjects{}
+	}
+	return real.LargeObjects()
+}
+
+func (t *ownedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	real, err := t.begun(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return real.Prepare(ctx, name, sql)
+}
+
+// Conn returns the underlying connection, after sending BEGIN and the queued writes: whatever fn
+// does with it directly, the view can no longer tell.
+func (t *ownedTx) Conn() *pgx.Conn {
+	ctx := context.Background()
+	if err := t.takeControl(ctx); err != nil {
+		t.broken = err
+	}
+	if _, err := t.begun(ctx); err != nil {
+		t.broken = err
+	}
+	return t.conn
+}
+
+// commit sends the queued writes and COMMIT in one batch (with BEGIN, if fn sent nothing).
+func (t *ownedTx) commit(ctx context.Context) error {
+	if t.broken != nil {
+		return t.broken
+	}
+	pending := t.attempt.TakePending()
+	if t.real == nil && len(pending) == 0 {
+		return nil // nothing was sent, so there is nothing to commit
+	}
+	if t.conn.IsClosed() {
+		// pgx sends nothing on a closed connection, and the server ended the transaction when
+		// the connection went.
+		return &unsentError{errors.New("tx: the connection closed before COMMIT was sent, so the transaction was rolled back")}
+	}
+	b := &pgx.Batch{}
+	if t.real == nil {
+		b.BeginTx(t.opts)
+	}
+	for _, d := range pending {
+		b.Queue(d.SQL, d.Args...)
+	}
+	b.Queue("COMMIT")
+	br := t.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if t.real == nil {
+		if _, err := br.Exec(); err != nil {
+			return t.outcome(fmt.Errorf("tx: error beginning transaction: %w", err))
+		}
+	}
+	for _, d := range pending {
+		if _, err := br.Exec(); err != nil {
+			return t.outcome(mapDeferred(d, err))
+		}
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		wrapped, _ := commitError(err)
+		return wrapped
+	}
+	if tag.String() != "COMMIT" {
+		return fmt.Errorf("tx: error committing transaction: a statement in it failed, so Postgres rolled it back: %w", pgx.ErrTxCommitRollback)
+	}
+	return nil
+}
+
+// outcome reports an error that came before COMMIT's answer in the commit batch. An ERROR from
+// the server means the rest of the batch was skipped and nothing committed. Anything else (a lost
+// connection) leaves the COMMIT's outcome unknown: the whole batch was sent, and the server may
+// have run all of it before the answers were lost.
+func (t *ownedTx) outcome(err error) error {
+	if isServerError(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
+}
+
+func mapDeferred(d txctl.Deferred, err error) error {
+	if d.MapErr != nil {
+		return d.MapErr(err)
+	}
+	return err
+}
+
+// isServerError reports whether Postgres answered with an ERROR, so that the statement, and the
+// transaction, are known to have failed.
+func isServerError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && severity(pgErr) == "ERROR"
+}
+
+// rollback ends the transaction, if one is open on the connection, and closes a connection that
+// cannot even do that, which ends the transaction on the server and makes a pool drop it.
+func (t *ownedTx) rollback(ctx context.Context) {
+	if t.conn.IsClosed() || t.conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	if _, err := t.conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = t.conn.Close(ctx)
+	}
+}
+
+// batchRows is the result of a Query that was sent together with BEGIN: the batch ends with the
+// rows.
+type batchRows struct {
+	pgx.Rows
+	br       pgx.BatchResults
+	closed   bool
+	closeErr error
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if !r.closed {
+		r.closed = true
+		r.closeErr = r.br.Close()
+	}
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.closeErr
+}
+
+// batchRow is the result of a QueryRow that was sent together with BEGIN.
+type batchRow struct{ br pgx.BatchResults }
+
+func (r *batchRow) Scan(dest ...any) error {
+	err := r.br.QueryRow().Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// errRow answers for a transaction that has ended, as pgx's own does.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// savepointTx is a savepoint of a transaction of Run's: it carries its own attempt, whose
+// MarkIdempotent reaches the enclosing transaction once the savepoint is released.
+type savepointTx struct {
+	pgx.Tx
+	attempt *txctl.Attempt
+}
+
+// TxAttempt implements txctl.Carrier. Writes are not queued in a savepoint: it may be rolled
+// back, and a write sent with COMMIT would survive that.
+func (t *savepointTx) TxAttempt() (*txctl.Attempt, bool) { return t.attempt, false }
+
+// Begin starts a savepoint inside this one.
+func (t *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	sp, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointTx{Tx: sp, attempt: t.attempt.Child()}, nil
+}
+
+// Commit releases the savepoint.
+func (t *savepointTx) Commit(ctx context.Context) error {
+	if err := t.Tx.Commit(ctx); err != nil {
+		return err
+	}
+	t.attempt.Released()
+	return nil
+}
+
+// plainTx is the pgx.Tx that Run hands to fn when db is some other Beginner: the transaction
+// db began, carrying the attempt. Writes are not queued: Run cannot send them with COMMIT.
+type plainTx struct {
+	pgx.Tx
+	attempt *txctl.Attempt
+}
+
+// TxAttempt implements txctl.Carrier.
+func (t *plainTx) TxAttempt() (*txctl.Attempt, bool) { return t.attempt, false }
+
+// Begin starts a savepoint.
+func (t *plainTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	sp, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &savepointTx{Tx: sp, attempt: t.attempt.Child()}, nil
+}
+
+// unsentError is a failure before anything of an attempt could commit: its BEGIN failed, or its
+// connection closed before COMMIT was sent. A lost connection then is worth another attempt on
+// a new one.
+type unsentError struct{ err error }
+
+func (e *unsentError) Error() string { return e.err.Error() }
+func (e *unsentError) Unwrap() error { return e.err }
