@@ -2,7 +2,11 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -15,12 +19,24 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtemp"
+	txpkg "github.com/idemkit/idem/tx"
 )
 
 // BenchmarkTransfer compares a realistic business transaction, a transfer between two of 1,000
-// accounts (two UPDATEs and one INSERT into a ledger), run bare, inside idem.Do with fresh keys,
-// through idem.Run with fresh keys, and as replays of completed keys, at 1 and 8 clients. Ratios
-// between the variants of one run are what to compare; scripts/bench prints them.
+// accounts (two UPDATEs and one INSERT into a ledger), at 1 and 8 clients, run:
+//
+//   - bare: in pgx.BeginFunc, as a service without idem runs it;
+//   - bare-txrun: in tx.Run, which sends BEGIN with the first statement;
+//   - hand: in pgx.BeginFunc with a hand-rolled key table, (key text PRIMARY KEY, response
+//     jsonb): a SELECT of the key before, an INSERT of it after, the twenty lines a user would
+//     otherwise write;
+//   - do: idem.Do with fresh keys in pgx.BeginFunc (a caller's own transaction);
+//   - do-txrun: idem.Do with fresh keys in tx.Run, as the README shows it;
+//   - run: idem.Run with fresh keys;
+//   - optimistic: idem.Run with idem.Optimistic and fresh keys;
+//   - replay: idem.Do in pgx.BeginFunc with keys completed before.
+//
+// Ratios between the variants of one run are what to compare; scripts/bench prints them.
 func BenchmarkTransfer(b *testing.B) {
 	ctx := context.Background()
 	url := pgtemp.NewDB(b)
@@ -35,7 +51,8 @@ func BenchmarkTransfer(b *testing.B) {
 		CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
 		INSERT INTO accounts SELECT i, 1000000 FROM generate_series(1, 1000) i;
 		CREATE TABLE ledger (id bigserial PRIMARY KEY, debit int NOT NULL, credit int NOT NULL,
-			amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());`)
+			amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE hand_keys (key text PRIMARY KEY, response jsonb);`)
 	require.NoError(b, err)
 
 	type receipt struct{ LedgerID int64 }
@@ -76,14 +93,46 @@ func BenchmarkTransfer(b *testing.B) {
 		{"bare", func(ctx context.Context, _ int) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := transfer(ctx, tx); return err })
 		}},
+		{"bare-txrun", func(ctx context.Context, _ int) error {
+			return txpkg.Run(ctx, pool, func(ctx context.Context, tx pgx.Tx) error { _, err := transfer(ctx, tx); return err })
+		}},
+		{"hand", func(ctx context.Context, _ int) error {
+			key := freshKey().ID
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var stored []byte
+				err := tx.QueryRow(ctx, `SELECT response FROM hand_keys WHERE key = $1`, key).Scan(&stored)
+				if err == nil {
+					return nil // a replay
+				}
+				if !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+				r, err := transfer(ctx, tx)
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, `INSERT INTO hand_keys (key, response) VALUES ($1, $2)`, key, r)
+				return err
+			})
+		}},
 		{"do", func(ctx context.Context, _ int) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				_, err := idem.Do(ctx, tx, freshKey(), transfer)
 				return err
 			})
 		}},
+		{"do-txrun", func(ctx context.Context, _ int) error {
+			return txpkg.Run(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := idem.Do(ctx, tx, freshKey(), transfer)
+				return err
+			})
+		}},
 		{"run", func(ctx context.Context, _ int) error {
 			_, err := idem.Run(ctx, pool, freshKey(), transfer)
+			return err
+		}},
+		{"optimistic", func(ctx context.Context, _ int) error {
+			_, err := idem.Run(ctx, pool, freshKey(), transfer, idem.Optimistic())
 			return err
 		}},
 		{"replay", func(ctx context.Context, i int) error {
@@ -94,7 +143,12 @@ func BenchmarkTransfer(b *testing.B) {
 		}},
 	}
 	cpu := newCPUMeter(ctx, pool)
-	for _, clients := range []int{1, 8} {
+	// Each round (go test -count) starts with another variant, so that none always runs first,
+	// or always after the same one: on a shared machine, position in a round shows in the
+	// numbers.
+	shift := int(benchRound.Add(1)-1) % len(variants)
+	variants = append(variants[shift:], variants[:shift]...)
+	for _, clients := range benchClients() {
 		for _, v := range variants {
 			b.Run(fmt.Sprintf("clients=%d/%s", clients, v.name), func(b *testing.B) {
 				runClients(b, clients, cpu, func(i int) error { return v.op(ctx, i) })
@@ -108,7 +162,7 @@ func BenchmarkTransfer(b *testing.B) {
 // operation by this process and the Postgres server together. CPU per operation is the figure
 // that other load on a shared machine disturbs least.
 func runClients(b *testing.B, n int, cpu *cpuMeter, op func(i int) error) {
-	before := cpu.read()
+	beforeClient, beforeServer := cpu.split()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -134,7 +188,29 @@ func runClients(b *testing.B, n int, cpu *cpuMeter, op func(i int) error) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tx/s")
-	if after := cpu.read(); before > 0 && after > before {
-		b.ReportMetric(float64((after-before).Microseconds())/float64(b.N), "cpu-µs/tx")
+	if afterClient, afterServer := cpu.split(); beforeServer > 0 && afterServer > beforeServer {
+		client, server := afterClient-beforeClient, afterServer-beforeServer
+		b.ReportMetric(float64((client+server).Microseconds())/float64(b.N), "cpu-µs/tx")
+		b.ReportMetric(float64(client.Microseconds())/float64(b.N), "client-µs/tx")
+		b.ReportMetric(float64(server.Microseconds())/float64(b.N), "server-µs/tx")
 	}
+}
+
+var benchRound atomic.Int64
+
+// benchClients are the client counts to run, from BENCH_CLIENTS ("1,8" by default).
+func benchClients() []int {
+	spec := os.Getenv("BENCH_CLIENTS")
+	if spec == "" {
+		spec = "1,8"
+	}
+	var out []int
+	for _, f := range strings.Split(spec, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			panic("BENCH_CLIENTS must list client counts, such as 1,8 (got " + spec + ")")
+		}
+		out = append(out, n)
+	}
+	return out
 }

@@ -34,14 +34,20 @@ func newCPUMeter(ctx context.Context, pool *pgxpool.Pool) *cpuMeter {
 }
 
 func (m *cpuMeter) read() time.Duration {
+	client, server := m.split()
+	return client + server
+}
+
+// split reads the CPU time of this process and of the server apart.
+func (m *cpuMeter) split() (client, server time.Duration) {
 	if m == nil || m.postmaster == 0 {
-		return 0
+		return 0, 0
 	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, 0
 	}
-	total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(filepath.Base(d))
@@ -49,10 +55,10 @@ func (m *cpuMeter) read() time.Duration {
 			continue
 		}
 		if used, ppid, ok := procStat(pid); ok && (pid == m.postmaster || ppid == m.postmaster) {
-			total += used * m.ticks
+			server += used * m.ticks
 		}
 	}
-	return total
+	return client, server
 }
 
 // procStat returns a process's utime+stime in clock ticks and its parent's pid.

@@ -2,13 +2,13 @@ package tx
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/txown"
 )
 
 // ErrCommitUnknown is wrapped by the error [Run] returns when COMMIT was sent
@@ -26,7 +26,7 @@ import (
 // runs that transaction again instead. It still returns it when it has to
 // stop (the context is done, or the attempts are used up) before such a
 // rerun succeeded, because then the outcome is still unknown.
-var ErrCommitUnknown = errors.New("the COMMIT was sent but its outcome is unknown: the transaction may or may not have committed; check before retrying")
+var ErrCommitUnknown = txown.ErrCommitUnknown
 
 // IsRetryable reports whether err means that running the same transaction
 // again may succeed: a serialization failure (SQLSTATE 40001) or a deadlock
@@ -82,45 +82,9 @@ func anyInTree(err error, match func(error) bool) bool {
 	return false
 }
 
-// commitError turns a failed COMMIT into the error Run reports, and says
-// whether the outcome is unknown.
-//
-// Only an answer from the server makes the outcome known. pgconn.SafeToRetry
-// is no guide: when the connection dies while pgx waits for the answer to
-// COMMIT, pgx (v5.12) closes the connection and then reports the failed read
-// as "conn closed" (pgconn.ErrConnClosed), a lock error that SafeToRetry
-// calls safe, though the server may well have committed.
-func commitError(err error) (wrapped error, unknown bool) {
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.Is(err, pgx.ErrTxCommitRollback):
-		// The server answered ROLLBACK: a statement failed earlier in the
-		// transaction and fn did not return its error.
-		return fmt.Errorf("error committing transaction: a statement in it failed, so Postgres rolled it back: %w", err), false
+func commitError(err error) (wrapped error, unknown bool) { return txown.CommitError(err) }
 
-	case errors.Is(err, pgx.ErrTxClosed):
-		// Nothing was sent: the transaction ended before Run committed it.
-		return fmt.Errorf("error committing transaction: fn must not commit or roll back the transaction Run gives it: %w", err), false
-
-	case errors.As(err, &pgErr) && severity(pgErr) == "ERROR":
-		// An ERROR in reply to COMMIT (a deferred constraint, a
-		// serialization failure) means the transaction was rolled back.
-		// FATAL and PANIC are not included: a backend terminated while
-		// waiting for a synchronous standby reports FATAL after the commit
-		// is already durable locally.
-		return fmt.Errorf("error committing transaction: %w", err), false
-
-	default:
-		return fmt.Errorf("%w: %w", ErrCommitUnknown, err), true
-	}
-}
-
-func severity(pgErr *pgconn.PgError) string {
-	if pgErr.SeverityUnlocalized != "" {
-		return pgErr.SeverityUnlocalized
-	}
-	return pgErr.Severity
-}
+func severity(pgErr *pgconn.PgError) string { return txown.Severity(pgErr) }
 
 // IsConnectionLost reports whether err means the connection to Postgres failed, rather than that
 // a statement was refused: the connection closed or reset, the server ended the session

@@ -33,6 +33,7 @@ import (
 
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/txctl"
+	"github.com/idemkit/idem/internal/txown"
 )
 
 // Beginner begins a transaction. It is satisfied by *pgxpool.Pool,
@@ -206,28 +207,28 @@ func runOwned(ctx context.Context, src *conns, cfg *config, a *txctl.Attempt, fn
 	if status := conn.PgConn().TxStatus(); status != 'I' {
 		return false, errors.New("tx: the connection given to Run is already in a transaction; pass that transaction (a pgx.Tx) instead, and Run uses a savepoint")
 	}
-	t := &ownedTx{conn: conn, opts: cfg.txOptions(), attempt: a}
+	t := txown.New(conn, cfg.txOptions(), a)
 	done := false
 	defer func() {
-		t.closed.Store(true)
+		t.Close()
 		if !done {
 			// fn panicked or returned an error: nothing of this attempt may stay open.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			t.rollback(rctx)
+			t.RollbackNow(rctx)
 		}
 	}()
 
 	if err := fn(ctx, t); err != nil {
 		return retryAfterFn(err, src.single, conn), err
 	}
-	t.closed.Store(true)
+	t.Close()
 	// pgx would not send COMMIT with a done context, yet report it as a
 	// failed COMMIT; rolling back here keeps the outcome known.
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("tx: context done before COMMIT, so the transaction was rolled back: %w", err)
 	}
-	if err := t.commit(ctx); err != nil {
+	if err := t.CommitNow(ctx); err != nil {
 		if errors.Is(err, ErrCommitUnknown) {
 			return a.Idempotent() && !(src.single && conn.IsClosed()), err
 		}
@@ -253,7 +254,7 @@ func lostBeforeCommit(err error) bool { return beginFailed(err) && IsConnectionL
 
 // beginFailed reports whether err says that nothing of the attempt was sent for COMMIT.
 func beginFailed(err error) bool {
-	var u *unsentError
+	var u *txown.Unsent
 	return errors.As(err, &u)
 }
 
@@ -269,7 +270,7 @@ func runOnce(ctx context.Context, db Beginner, cfg *config, a *txctl.Attempt, fn
 	// Rolls back when fn panics; after Commit or Rollback it is a no-op.
 	defer func() { _ = real.Rollback(ctx) }()
 
-	if err := fn(ctx, &plainTx{Tx: real, attempt: a}); err != nil {
+	if err := fn(ctx, &txown.Plain{Tx: real, Attempt: a}); err != nil {
 		_ = real.Rollback(ctx) // fn's error says more than a failed rollback
 		return IsRetryable(err), err
 	}
@@ -322,7 +323,7 @@ func runNested(ctx context.Context, parent pgx.Tx, cfg *config, fn func(context.
 	// attempt of its own, which nothing reads.
 	var child pgx.Tx = sp
 	if _, ok := sp.(txctl.Carrier); !ok {
-		child = &savepointTx{Tx: sp, attempt: &txctl.Attempt{}}
+		child = &txown.Savepoint{Tx: sp, Attempt: &txctl.Attempt{}}
 	}
 	if err := fn(ctx, child); err != nil {
 		_ = child.Rollback(ctx)

@@ -1,4 +1,9 @@
-package tx
+// Package txown is the transaction that idem holds on a connection of its own: BEGIN sent with
+// the first statement, writes queued by idem.Do and by workflow steps sent with COMMIT, and
+// COMMIT itself left to the holder (tx.Run, or a workflow step that keeps its transaction open
+// until the run's next step). Package tx documents the behaviour; this package has the one
+// implementation both use.
+package txown
 
 import (
 	"context"
@@ -13,7 +18,7 @@ import (
 	"github.com/idemkit/idem/internal/txctl"
 )
 
-// ownedTx is the pgx.Tx that Run hands to fn when Run holds the connection itself (db is a
+// Tx is the pgx.Tx that tx.Run hands to fn when Run holds the connection itself (db is a
 // *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn). It saves the round trips a transaction spends on
 // its own bookkeeping:
 //
@@ -25,7 +30,7 @@ import (
 // fn cannot end the transaction itself: Commit and Rollback return an error. Once fn has
 // returned, the view is closed, so that a reference kept past fn cannot reach a connection that
 // may be back in the pool.
-type ownedTx struct {
+type Tx struct {
 	conn    *pgx.Conn
 	opts    pgx.TxOptions
 	attempt *txctl.Attempt
@@ -36,13 +41,25 @@ type ownedTx struct {
 	broken  error // from Conn, which cannot return it; reported at COMMIT
 }
 
-var errOwnedByRun = errors.New("tx: Run commits or rolls back its transaction when fn returns; return an error from fn to roll back")
+// ErrOwned is returned by Commit and Rollback: the holder ends the transaction.
+var ErrOwned = errors.New("tx: Run commits or rolls back its transaction when fn returns; return an error from fn to roll back")
+
+// New returns the transaction of one attempt on conn, not begun yet.
+func New(conn *pgx.Conn, opts pgx.TxOptions, a *txctl.Attempt) *Tx {
+	return &Tx{conn: conn, opts: opts, attempt: a}
+}
+
+// Close ends the view: every later use returns pgx.ErrTxClosed.
+func (t *Tx) Close() { t.closed.Store(true) }
+
+// Attempt returns the attempt the transaction belongs to.
+func (t *Tx) Attempt() *txctl.Attempt { return t.attempt }
 
 // TxAttempt implements txctl.Carrier.
-func (t *ownedTx) TxAttempt() (*txctl.Attempt, bool) { return t.attempt, !t.noDefer }
+func (t *Tx) TxAttempt() (*txctl.Attempt, bool) { return t.attempt, !t.noDefer }
 
 // begun sends BEGIN on its own, if it has not gone yet.
-func (t *ownedTx) begun(ctx context.Context) (pgx.Tx, error) {
+func (t *Tx) begun(ctx context.Context) (pgx.Tx, error) {
 	if t.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
@@ -51,7 +68,7 @@ func (t *ownedTx) begun(ctx context.Context) (pgx.Tx, error) {
 	}
 	real, err := t.conn.BeginTx(ctx, t.opts)
 	if err != nil {
-		return nil, &unsentError{fmt.Errorf("tx: error beginning transaction: %w", err)}
+		return nil, &Unsent{fmt.Errorf("tx: error beginning transaction: %w", err)}
 	}
 	t.real = real
 	return real, nil
@@ -60,7 +77,7 @@ func (t *ownedTx) begun(ctx context.Context) (pgx.Tx, error) {
 // takeControl is called before fn does something the view cannot follow (raw transaction
 // control, its own batches, the raw connection): the queued writes go out now, in order, and
 // later ones are written at once.
-func (t *ownedTx) takeControl(ctx context.Context) error {
+func (t *Tx) takeControl(ctx context.Context) error {
 	t.noDefer = true
 	pending := t.attempt.TakePending()
 	if len(pending) == 0 {
@@ -106,20 +123,20 @@ func controlsTx(sql string) bool {
 
 // sendWithBegin sends BEGIN and one statement in one batch, and returns the batch positioned on
 // the statement's result.
-func (t *ownedTx) sendWithBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+func (t *Tx) sendWithBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, &unsentError{fmt.Errorf("tx: error beginning transaction: %w", err)}
+		return nil, &Unsent{fmt.Errorf("tx: error beginning transaction: %w", err)}
 	}
 	t.real = br.Tx()
 	return br, nil
 }
 
-func (t *ownedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.closed.Load() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
@@ -146,7 +163,7 @@ func (t *ownedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	return real.Exec(ctx, sql, args...)
 }
 
-func (t *ownedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.closed.Load() {
 		return nil, pgx.ErrTxClosed
 	}
@@ -169,7 +186,7 @@ func (t *ownedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return real.Query(ctx, sql, args...)
 }
 
-func (t *ownedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.closed.Load() {
 		return errRow{pgx.ErrTxClosed}
 	}
@@ -188,7 +205,7 @@ func (t *ownedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Begin starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
-func (t *ownedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	real, err := t.begun(ctx)
 	if err != nil {
 		return nil, err
@@ -197,16 +214,16 @@ func (t *ownedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &savepointTx{Tx: sp, attempt: t.attempt.Child()}, nil
+	return &Savepoint{Tx: sp, Attempt: t.attempt.Child()}, nil
 }
 
 // Commit is refused: Run commits when fn returns.
-func (t *ownedTx) Commit(context.Context) error { return errOwnedByRun }
+func (t *Tx) Commit(context.Context) error { return ErrOwned }
 
 // Rollback is refused: return an error from fn, and Run rolls back.
-func (t *ownedTx) Rollback(context.Context) error { return errOwnedByRun }
+func (t *Tx) Rollback(context.Context) error { return ErrOwned }
 
-func (t *ownedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	real, err := t.begun(ctx)
 	if err != nil {
 		return 0, err
@@ -214,7 +231,7 @@ func (t *ownedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 	return real.CopyFrom(ctx, table, columns, src)
 }
 
-func (t *ownedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := t.takeControl(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
@@ -225,7 +242,7 @@ func (t *ownedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	return real.SendBatch(ctx, b)
 }
 
-func (t *ownedTx) LargeObjects() pgx.LargeObjects {
+func (t *Tx) LargeObjects() pgx.LargeObjects {
 	real, err := t.begun(context.Background())
 	if err != nil {
 		return pgx.LargeObjects{}
@@ -233,7 +250,7 @@ func (t *ownedTx) LargeObjects() pgx.LargeObjects {
 	return real.LargeObjects()
 }
 
-func (t *ownedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	real, err := t.begun(ctx)
 	if err != nil {
 		return nil, err
@@ -243,7 +260,7 @@ func (t *ownedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statem
 
 // Conn returns the underlying connection, after sending BEGIN and the queued writes: whatever fn
 // does with it directly, the view can no longer tell.
-func (t *ownedTx) Conn() *pgx.Conn {
+func (t *Tx) Conn() *pgx.Conn {
 	ctx := context.Background()
 	if err := t.takeControl(ctx); err != nil {
 		t.broken = err
@@ -254,8 +271,8 @@ func (t *ownedTx) Conn() *pgx.Conn {
 	return t.conn
 }
 
-// commit sends the queued writes and COMMIT in one batch (with BEGIN, if fn sent nothing).
-func (t *ownedTx) commit(ctx context.Context) error {
+// CommitNow sends the queued writes and COMMIT in one batch (with BEGIN, if fn sent nothing).
+func (t *Tx) CommitNow(ctx context.Context) error {
 	if t.broken != nil {
 		return t.broken
 	}
@@ -266,7 +283,7 @@ func (t *ownedTx) commit(ctx context.Context) error {
 	if t.conn.IsClosed() {
 		// pgx sends nothing on a closed connection, and the server ended the transaction when
 		// the connection went.
-		return &unsentError{errors.New("tx: the connection closed before COMMIT was sent, so the transaction was rolled back")}
+		return &Unsent{errors.New("tx: the connection closed before COMMIT was sent, so the transaction was rolled back")}
 	}
 	b := &pgx.Batch{}
 	if t.real == nil {
@@ -293,7 +310,7 @@ func (t *ownedTx) commit(ctx context.Context) error {
 		err = cerr
 	}
 	if err != nil {
-		wrapped, _ := commitError(err)
+		wrapped, _ := CommitError(err)
 		return wrapped
 	}
 	if tag.String() != "COMMIT" {
@@ -306,7 +323,7 @@ func (t *ownedTx) commit(ctx context.Context) error {
 // the server means the rest of the batch was skipped and nothing committed. Anything else (a lost
 // connection) leaves the COMMIT's outcome unknown: the whole batch was sent, and the server may
 // have run all of it before the answers were lost.
-func (t *ownedTx) outcome(err error) error {
+func (t *Tx) outcome(err error) error {
 	if isServerError(err) {
 		return err
 	}
@@ -324,12 +341,12 @@ func mapDeferred(d txctl.Deferred, err error) error {
 // transaction, are known to have failed.
 func isServerError(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && severity(pgErr) == "ERROR"
+	return errors.As(err, &pgErr) && Severity(pgErr) == "ERROR"
 }
 
-// rollback ends the transaction, if one is open on the connection, and closes a connection that
-// cannot even do that, which ends the transaction on the server and makes a pool drop it.
-func (t *ownedTx) rollback(ctx context.Context) {
+// RollbackNow ends the transaction, if one is open on the connection, and closes a connection
+// that cannot even do that.
+func (t *Tx) RollbackNow(ctx context.Context) {
 	if t.conn.IsClosed() || t.conn.PgConn().TxStatus() == 'I' {
 		return
 	}
@@ -386,58 +403,100 @@ type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
-// savepointTx is a savepoint of a transaction of Run's: it carries its own attempt, whose
+// Savepoint is a savepoint of a transaction of Run's: it carries its own attempt, whose
 // MarkIdempotent reaches the enclosing transaction once the savepoint is released.
-type savepointTx struct {
+type Savepoint struct {
 	pgx.Tx
-	attempt *txctl.Attempt
+	Attempt *txctl.Attempt
 }
 
 // TxAttempt implements txctl.Carrier. Writes are not queued in a savepoint: it may be rolled
 // back, and a write sent with COMMIT would survive that.
-func (t *savepointTx) TxAttempt() (*txctl.Attempt, bool) { return t.attempt, false }
+func (t *Savepoint) TxAttempt() (*txctl.Attempt, bool) { return t.Attempt, false }
 
 // Begin starts a savepoint inside this one.
-func (t *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+func (t *Savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
 	sp, err := t.Tx.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &savepointTx{Tx: sp, attempt: t.attempt.Child()}, nil
+	return &Savepoint{Tx: sp, Attempt: t.Attempt.Child()}, nil
 }
 
 // Commit releases the savepoint.
-func (t *savepointTx) Commit(ctx context.Context) error {
+func (t *Savepoint) Commit(ctx context.Context) error {
 	if err := t.Tx.Commit(ctx); err != nil {
 		return err
 	}
-	t.attempt.Released()
+	t.Attempt.Released()
 	return nil
 }
 
-// plainTx is the pgx.Tx that Run hands to fn when db is some other Beginner: the transaction
+// Plain is the pgx.Tx that Run hands to fn when db is some other Beginner: the transaction
 // db began, carrying the attempt. Writes are not queued: Run cannot send them with COMMIT.
-type plainTx struct {
+type Plain struct {
 	pgx.Tx
-	attempt *txctl.Attempt
+	Attempt *txctl.Attempt
 }
 
 // TxAttempt implements txctl.Carrier.
-func (t *plainTx) TxAttempt() (*txctl.Attempt, bool) { return t.attempt, false }
+func (t *Plain) TxAttempt() (*txctl.Attempt, bool) { return t.Attempt, false }
 
 // Begin starts a savepoint.
-func (t *plainTx) Begin(ctx context.Context) (pgx.Tx, error) {
+func (t *Plain) Begin(ctx context.Context) (pgx.Tx, error) {
 	sp, err := t.Tx.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &savepointTx{Tx: sp, attempt: t.attempt.Child()}, nil
+	return &Savepoint{Tx: sp, Attempt: t.Attempt.Child()}, nil
 }
 
-// unsentError is a failure before anything of an attempt could commit: its BEGIN failed, or its
+// Unsent is a failure before anything of an attempt could commit: its BEGIN failed, or its
 // connection closed before COMMIT was sent. A lost connection then is worth another attempt on
 // a new one.
-type unsentError struct{ err error }
+type Unsent struct{ err error }
 
-func (e *unsentError) Error() string { return e.err.Error() }
-func (e *unsentError) Unwrap() error { return e.err }
+func (e *Unsent) Error() string { return e.err.Error() }
+func (e *Unsent) Unwrap() error { return e.err }
+
+// ErrCommitUnknown is tx.ErrCommitUnknown; see there.
+var ErrCommitUnknown = errors.New("the COMMIT was sent but its outcome is unknown: the transaction may or may not have committed; check before retrying")
+
+// CommitError turns a failed COMMIT into the error tx.Run reports, and says whether the outcome
+// is unknown.
+//
+// Only an answer from the server makes the outcome known. pgconn.SafeToRetry is no guide: when
+// the connection dies while pgx waits for the answer to COMMIT, pgx (v5.12) closes the
+// connection and then reports the failed read as "conn closed" (pgconn.ErrConnClosed), a lock
+// error that SafeToRetry calls safe, though the server may well have committed.
+func CommitError(err error) (wrapped error, unknown bool) {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrTxCommitRollback):
+		// The server answered ROLLBACK: a statement failed earlier in the transaction and fn
+		// did not return its error.
+		return fmt.Errorf("tx: error committing transaction: a statement in it failed, so Postgres rolled it back: %w", err), false
+
+	case errors.Is(err, pgx.ErrTxClosed):
+		// Nothing was sent: the transaction ended before Run committed it.
+		return fmt.Errorf("tx: error committing transaction: fn must not commit or roll back the transaction Run gives it: %w", err), false
+
+	case errors.As(err, &pgErr) && Severity(pgErr) == "ERROR":
+		// An ERROR in reply to COMMIT (a deferred constraint, a serialization failure) means
+		// the transaction was rolled back. FATAL and PANIC are not included: a backend
+		// terminated while waiting for a synchronous standby reports FATAL after the commit is
+		// already durable locally.
+		return fmt.Errorf("tx: error committing transaction: %w", err), false
+
+	default:
+		return fmt.Errorf("%w: %w", ErrCommitUnknown, err), true
+	}
+}
+
+// Severity is the error's severity, unlocalized where the server sent it.
+func Severity(pgErr *pgconn.PgError) string {
+	if pgErr.SeverityUnlocalized != "" {
+		return pgErr.SeverityUnlocalized
+	}
+	return pgErr.Severity
+}

@@ -1,4 +1,4 @@
-package tx
+package txown
 
 import (
 	"context"
@@ -28,7 +28,7 @@ func (s *stubTx) Exec(context.Context, string, ...any) (pgconn.CommandTag, error
 }
 
 // markClosed does what Run does when fn returns.
-func markClosed(t *ownedTx) { t.closed.Store(true) }
+func markClosed(t *Tx) { t.Close() }
 
 // TestOwnedTxCloseRace is the misuse the guard exists for: goroutines that kept the transaction
 // Run gave fn keep using it while Run ends it on its own goroutine. Under -race, a plain bool
@@ -36,7 +36,7 @@ func markClosed(t *ownedTx) { t.closed.Store(true) }
 func TestOwnedTxCloseRace(t *testing.T) {
 	t.Parallel()
 	stub := &stubTx{}
-	ot := &ownedTx{real: stub, attempt: &txctl.Attempt{}}
+	ot := &Tx{real: stub, attempt: &txctl.Attempt{}}
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
