@@ -143,10 +143,12 @@ func BenchmarkTransfer(b *testing.B) {
 		}},
 	}
 	cpu := newCPUMeter(ctx, pool)
-	// Each round (go test -count) starts with another variant, so that none always runs first,
-	// or always after the same one: on a shared machine, position in a round shows in the
-	// numbers.
-	shift := int(benchRound.Add(1)-1) % len(variants)
+	// scripts/bench runs one round per process and starts each with another variant
+	// (BENCH_SHIFT), so that none always runs first, or always after the same one: on a shared
+	// machine, position in a round shows in the numbers. (go test -count would not interleave:
+	// it repeats each sub-benchmark in a row.)
+	shift, _ := strconv.Atoi(os.Getenv("BENCH_SHIFT"))
+	shift %= len(variants)
 	variants = append(variants[shift:], variants[:shift]...)
 	for _, clients := range benchClients() {
 		for _, v := range variants {
@@ -195,8 +197,6 @@ func runClients(b *testing.B, n int, cpu *cpuMeter, op func(i int) error) {
 		b.ReportMetric(float64(server.Microseconds())/float64(b.N), "server-µs/tx")
 	}
 }
-
-var benchRound atomic.Int64
 
 // benchClients are the client counts to run, from BENCH_CLIENTS ("1,8" by default).
 func benchClients() []int {

@@ -3,8 +3,6 @@ package idem
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -259,23 +257,8 @@ func lookupError(cfg *config, err error) error {
 	return fmt.Errorf("idem: error looking up key: %w", err)
 }
 
-// lockID maps a key to the 64-bit advisory lock that marks it in flight: the first 8 bytes of a
-// SHA-256 over the schema and the key. A cryptographic hash, so that a client who knows another
-// tenant's key cannot craft one of its own that collides with it and so keep it "in flight"; a
-// collision costs a spurious ErrInFlight, never a wrong answer, since the row, not the lock,
-// decides what is stored. The schema is part of it so that two idem installations in one
-// database do not block each other.
-func lockID(schema string, k Key) int64 {
-	h := sha256.New()
-	var n [8]byte
-	for _, part := range []string{"idem.lock.v1", schema, k.Scope, k.ID} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		h.Write([]byte(part))
-	}
-	var sum [sha256.Size]byte
-	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
-}
+// lockID is the key's in-flight lock; see store.LockID.
+func lockID(schema string, k Key) int64 { return store.LockID(schema, k.Scope, k.ID) }
 
 // waitFor runs step, and while it reports the key in flight and the Wait bound allows, runs it
 // again after a short, growing pause. Polling with pg_try_advisory_xact_lock rather than blocking

@@ -3,7 +3,6 @@ package idem_test
 import (
 	"context"
 	"errors"
-	"net"
 	"runtime"
 	"sync"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/roundtrip"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -270,15 +270,9 @@ func TestRun(t *testing.T) {
 func TestRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	counter := &tripCounter{}
+	counter := &roundtrip.Counter{}
 	cfg := b.pool.Config().ConnConfig.Copy()
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &countingConn{Conn: c, counter: counter}, nil
-	}
+	cfg.DialFunc = counter.Dial
 	conn, err := pgx.ConnectConfig(b.ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
@@ -317,9 +311,10 @@ func TestRoundTrips(t *testing.T) {
 		require.NoError(t, f())
 	}
 	trips := func(f func() error) int {
-		counter.reset()
+		counter.Reset()
 		require.NoError(t, f())
-		return counter.trips()
+		n, _ := counter.Counts()
+		return n
 	}
 
 	base := trips(bare)
@@ -342,42 +337,4 @@ func TestRoundTrips(t *testing.T) {
 			return err
 		})
 	}), "a first statement without arguments may hold several statements, which a batch cannot: BEGIN goes alone")
-}
-
-// tripCounter counts round trips: each time the client writes after having read, a new request
-// has started.
-type tripCounter struct {
-	mu      sync.Mutex
-	n       int
-	reading bool
-}
-
-func (c *tripCounter) reset() { c.mu.Lock(); c.n, c.reading = 0, true; c.mu.Unlock() }
-func (c *tripCounter) trips() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
-}
-
-type countingConn struct {
-	net.Conn
-	counter *tripCounter
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	c.counter.mu.Lock()
-	if c.counter.reading {
-		c.counter.n++
-		c.counter.reading = false
-	}
-	c.counter.mu.Unlock()
-	return c.Conn.Write(p)
-}
-
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.counter.mu.Lock()
-	c.counter.reading = true
-	c.counter.mu.Unlock()
-	return n, err
 }

@@ -78,7 +78,9 @@ CREATE INDEX idem_runs_lease ON idem_runs (lease_expires_at) WHERE state = 'runn
 -- Operators list runs newest first, by state, by workflow; (scope, id) makes the order total, so
 -- a cursor stays stable while runs are added.
 CREATE INDEX idem_runs_created ON idem_runs (created_at, scope, id);
-CREATE INDEX idem_runs_state ON idem_runs (state, created_at);
+-- By state, for the runs an operator looks for (running, failed, cancelled); done runs, the
+-- bulk, are found through idem_runs_created, and finishing a run as done adds nothing here.
+CREATE INDEX idem_runs_state ON idem_runs (state, created_at) WHERE state <> 'done';
 CREATE INDEX idem_runs_workflow ON idem_runs (workflow, created_at);
 -- The reaper: finished runs by expiry.
 CREATE INDEX idem_runs_expires_at ON idem_runs (expires_at) WHERE expires_at IS NOT NULL;

@@ -110,7 +110,14 @@ func TestCrashPoints(t *testing.T) {
 				require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM provider_charges WHERE status = 'charged'`).Scan(&charges))
 				require.Equal(t, 1, charges, "the payout must be charged exactly once")
 				require.NoError(t, pool.QueryRow(context.Background(), `SELECT attempts FROM idem_runs WHERE id = $1`, o.key).Scan(&attempts))
-				require.GreaterOrEqual(t, attempts, 2, "the run must have been taken over after the death")
+				if point == "payout:after-reserve" {
+					// The run's row commits with its first step's transaction, which stays open
+					// until the next step: killed here, the run left nothing, and the retry
+					// started it afresh.
+					require.Equal(t, 1, attempts, "nothing of the dead process's run committed")
+				} else {
+					require.GreaterOrEqual(t, attempts, 2, "the run must have been taken over after the death")
+				}
 			}
 			t.Logf("crash at %s: answered %d (replayed=%v) %s", point, out.status, out.replayed, f)
 		})

@@ -121,8 +121,11 @@ func TestTx(t *testing.T) {
 			if _, err := steps.Tx(ctx, "a", func(ctx context.Context, tx pgx.Tx) (string, error) { return "text", nil }, nil); err != nil {
 				return 0, err
 			}
-			cancel()
-			return 0, ctx.Err()
+			// The process dies in the next step, once "a" has committed.
+			return steps.Call(ctx, "b", func(ctx context.Context, _ string) (int, error) {
+				cancel()
+				return 0, ctx.Err()
+			}, nil)
 		})
 		_, err := v1.Run(ctx, b.engine(t, v1), key, 1, nil)
 		require.ErrorIs(t, err, context.Canceled)
@@ -144,7 +147,20 @@ func TestEnqueueNeedsAClient(t *testing.T) {
 	wf := workflow.Define("enq", func(ctx context.Context, in int) (int, error) {
 		return 0, steps.Enqueue(ctx, "notify", noArgs{}, nil)
 	})
-	_, err := wf.Run(b.ctx, b.engine(t, wf), key, 1, nil)
+	e := b.engine(t, wf)
+	_, err := wf.Run(b.ctx, e, key, 1, nil)
+	require.ErrorContains(t, err, "Engine.SetClient")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_runs WHERE state <> 'running'`), "a setup mistake must not fail the run for good")
+	// The run never got past its first step, so nothing of it is stored: the caller's retry,
+	// after the fix, runs it afresh.
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_runs`))
+
+	// A run that exists already (started with StartTx, resumed by River) stays running.
+	_, err = b.pool.Exec(b.ctx, `
+INSERT INTO idem_keys (scope, id, workflow, expires_at) VALUES ('s', 'k2', 'enq', 'infinity');
+INSERT INTO idem_runs (scope, id, workflow, state, input, attempts, lease_expires_at) VALUES ('s', 'k2', 'enq', 'running', '1', 0, now() - interval '1 second')`)
+	require.NoError(t, err)
+	_, err = wf.Run(b.ctx, e, idem.Key{Scope: "s", ID: "k2"}, 1, nil)
 	require.ErrorContains(t, err, "Engine.SetClient")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE state = 'running'`), "a setup mistake must not fail the run for good")
 }

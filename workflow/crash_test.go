@@ -103,11 +103,22 @@ func TestCrashWithSIGKILL(t *testing.T) {
 			require.NoError(t, cmd.Process.Kill())
 			_ = cmd.Wait()
 
+			wf := newTransfer(b.pool, nil)
+			e := b.engine(t, fastConfig(wf))
+			if beforeFirstCommit[point] {
+				// Killed before the run's first step committed: the backend rolled the step
+				// (and the run's row) back when the connection went, and the retry starts over.
+				b.requireNoRun(t, crashKey)
+				// The killed process's backend may hold the key's lock for a moment longer,
+				// until it notices its client is gone: the retry waits for it, as clients do.
+				r, err := wf.Run(b.ctx, e, crashKey, transferReq{Amount: 42, Note: "crash"}, &workflow.RunOpts{Wait: 10 * time.Second})
+				require.NoError(t, err)
+				b.checkTransfer(t, r)
+				return
+			}
 			state, _ := b.state(t, crashKey)
 			require.Equal(t, "running", state)
 
-			wf := newTransfer(b.pool, nil)
-			e := b.engine(t, fastConfig(wf))
 			b.startRiver(t, e)
 			require.Equal(t, "done", b.waitFinished(t, crashKey))
 

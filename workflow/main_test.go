@@ -142,6 +142,19 @@ func (b *testBundle) state(t testing.TB, key idem.Key) (string, int) {
 	return state, attempts
 }
 
+// beforeFirstCommit are the points of the transfer workflow at which nothing of the run has
+// committed yet: its row commits with its first step's transaction, which stays open until the
+// next step begins.
+var beforeFirstCommit = map[string]bool{"before:reserve": true, "in:reserve": true, "before:charge": true}
+
+// requireNoRun asserts that nothing of a run under key is stored, and none of its effects.
+func (b *testBundle) requireNoRun(t testing.TB, key idem.Key) {
+	t.Helper()
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys WHERE scope = $1 AND id = $2`, key.Scope, key.ID))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_runs`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`), "the step's write rolled back with it")
+}
+
 // eventually polls cond every 50ms until it holds or timeout passes: the tests wait for the
 // database to say something happened, never for a fixed time.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/tx"
 	"github.com/idemkit/idem/workflow"
 )
@@ -20,10 +21,13 @@ func TestKeyOwnership(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	echo := workflow.Define("echo", func(ctx context.Context, in int) (int, error) { return in, nil })
-	// hold is a workflow that stays running until its context ends: its key is in flight.
+	// hold is a workflow that stays running, in its first step, until its context ends: its
+	// key is in flight. (The first step is a Call, so the run's row is written before it.)
 	hold := workflow.Define("hold", func(ctx context.Context, in int) (int, error) {
-		<-ctx.Done()
-		return 0, ctx.Err()
+		return steps.Call(ctx, "wait", func(ctx context.Context, _ string) (int, error) {
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}, nil)
 	})
 	doKey := func(ctx context.Context, t pgx.Tx, k idem.Key) (int, error) {
 		return idem.Do(ctx, t, k, func(context.Context, pgx.Tx) (int, error) { return 1, nil })

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/keyctx"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/txctl"
 )
 
 // runState is one process's ownership of one run, from taking the lease to giving it up. Steps
@@ -31,10 +32,16 @@ type runState struct {
 	history []stepRecord
 	cancel  context.CancelCauseFunc
 
-	mu      sync.Mutex
-	next    int    // seq of the next step, from 1
-	busy    string // name of the step in progress, "" when none
-	stopErr error  // the first error that stopped the run; no step runs after it
+	mu           sync.Mutex
+	next         int           // seq of the next step, from 1
+	busy         string        // name of the step in progress, "" when none
+	stopErr      error         // the first error that stopped the run; no step runs after it
+	pendingStart *pendingStart // the run's row, not committed yet (see fold.go)
+	startHeld    bool          // the row is written in the held step's transaction
+
+	// Owned by the goroutine that runs the workflow function.
+	pending []txctl.Deferred // Call checkpoints waiting for the next transaction
+	held    *heldStep        // a Tx step's transaction waiting to commit
 }
 
 type stepRecord struct {
@@ -152,48 +159,76 @@ func (e *Engine) heldByDo(ctx context.Context, name string, key idem.Key) error 
 
 // runOrJoin is Workflow.Run without the types: start, replay, take over or report in flight,
 // and with wait > 0, poll an in-flight run until it finishes or wait runs out.
-func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, wait time.Duration) ([]byte, error) {
+func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, wait time.Duration) ([]byte, bool, error) {
 	deadline := time.Now().Add(wait)
 	pause := 10 * time.Millisecond
 	for {
-		out, err := e.tryRun(ctx, def, key, fingerprint, input)
+		out, replayed, err := e.tryRun(ctx, def, key, fingerprint, input)
 		if wait <= 0 || !errors.Is(err, idem.ErrInFlight) {
-			return out, err
+			return out, replayed, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return out, err
+			return out, replayed, err
 		}
 		if serr := backoff.Sleep(ctx, min(pause, left)); serr != nil {
-			return nil, fmt.Errorf("workflow: gave up waiting for run in flight: %w", serr)
+			return nil, false, fmt.Errorf("workflow: gave up waiting for run in flight: %w", serr)
 		}
 		pause = min(pause*2, 250*time.Millisecond)
 	}
 }
 
-func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte) ([]byte, error) {
+// tryRun settles one call: it runs the workflow (replayed false), or answers from what is stored
+// (replayed true), or says why not.
+func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte) (out []byte, replayed bool, err error) {
 	lease := e.cfg.Lease.Microseconds()
 	name := def.Name()
 	trace := nullable(traceparent(ctx))
-	// Each pass either settles the call or saw the row change under it (deleted by the reaper,
-	// taken over by another process); a handful of passes is plenty.
-	for range 5 {
+	// Each pass either settles the call or saw the row change under it (created by a
+	// concurrent start, deleted by the reaper, taken over by another process); a handful of
+	// passes is plenty.
+	//
+	// When runs fold (see fold.go) the first pass does not look the key up: it runs the
+	// workflow, whose first step writes the run's row if the key is free, and a key that is
+	// taken comes back as errKeyTaken, to be looked up on the next pass. A fresh run saves a
+	// round trip; a call with a key that is taken runs the workflow's code up to its first step
+	// (code that must be free of effects, like all the code between steps) before it is
+	// answered.
+	for pass := range 5 {
 		token := uuid.New()
 		var created int64
-		err := e.db.QueryRow(ctx, e.st.Runs.Start, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace).Scan(&created)
-		if err == nil {
-			return e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
+		var (
+			row   keyRow
+			found bool
+			err   error
+		)
+		if pass > 0 || e.pool() == nil {
+			if row, found, err = e.lookup(ctx, e.db, key); err != nil {
+				return nil, false, err
+			}
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("workflow: error starting run: %w", err)
-		}
-
-		row, found, err := e.lookup(ctx, e.db, key)
-		if err != nil {
-			return nil, err
+		if !found && e.pool() != nil {
+			// A new run. Its row is written with its first step (see fold.go); a key taken
+			// meanwhile comes back as errKeyTaken, and is looked up again.
+			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, token: token, attempt: 1, next: 1,
+				pendingStart: &pendingStart{fingerprint: fingerprint, input: input, trace: trace}}
+			out, err := e.execute(ctx, rs, input)
+			if !errors.Is(err, errKeyTaken) {
+				return out, false, err
+			}
+			continue
 		}
 		if !found {
-			continue
+			err := e.db.QueryRow(ctx, e.st.Runs.Start, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace,
+				store.LockID(e.cfg.Schema, key.Scope, key.ID)).Scan(&created)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue
+			}
+			if err != nil {
+				return nil, false, fmt.Errorf("workflow: error starting run: %w", err)
+			}
+			out, err := e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
+			return out, false, err
 		}
 		if row.reusable() {
 			var leaseAt int64
@@ -202,38 +237,40 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 				continue
 			}
 			if err != nil {
-				return nil, fmt.Errorf("workflow: error reusing expired key: %w", err)
+				return nil, false, fmt.Errorf("workflow: error reusing expired key: %w", err)
 			}
-			return e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
+			out, err := e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
+			return out, false, err
 		}
 		if err := row.claimed(name, key, fingerprint); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		switch store.RunState(*row.state) {
 		case store.RunDone:
-			return row.output, nil
+			return row.output, true, nil
 		case store.RunFailed:
-			return nil, failedFromStored(name, key, row.output)
+			return nil, true, failedFromStored(name, key, row.output)
 		case store.RunCancelled:
-			return nil, cancelledFromStored(name, key, row.output)
+			return nil, true, cancelledFromStored(name, key, row.output)
 		}
 		switch {
 		case row.leaseLive:
-			return nil, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, time.Duration(row.leaseLeft)*time.Second)}
+			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, time.Duration(row.leaseLeft)*time.Second)}
 		case row.attempts >= e.cfg.MaxAttempts:
 			// Out of attempts: the recovery jobs hand it to the reconcile hook.
-			return nil, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: e.cfg.ScanInterval}
+			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: e.cfg.ScanInterval}
 		}
 		rs, stored, err := e.takeOver(ctx, def, key.Scope, key.ID, row.token)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if rs == nil {
 			continue
 		}
-		return e.execute(ctx, rs, stored)
+		out, err := e.execute(ctx, rs, stored)
+		return out, false, err
 	}
-	return nil, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
+	return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
 }
 
 // nullable turns "" into NULL.
@@ -259,29 +296,62 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 	}
 	// The history is read after the lease is ours: no other process can add a step now, so the
 	// history cannot grow behind our back.
+	if rs.history, err = e.history(ctx, scope, id); err != nil {
+		return nil, nil, err
+	}
+	return rs, input, nil
+}
+
+// history reads a run's completed steps.
+func (e *Engine) history(ctx context.Context, scope, id string) ([]stepRecord, error) {
 	rows, err := e.db.Query(ctx, e.st.Runs.History, scope, id)
 	if err != nil {
-		return nil, nil, fmt.Errorf("workflow: error reading run history: %w", err)
+		return nil, fmt.Errorf("workflow: error reading run history: %w", err)
 	}
-	rs.history, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (stepRecord, error) {
+	history, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stepRecord, error) {
 		var s stepRecord
 		err := r.Scan(&s.seq, &s.name, &s.kind, &s.output, &s.errMsg, &s.attempts)
 		return s, err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("workflow: error reading run history: %w", err)
+		return nil, fmt.Errorf("workflow: error reading run history: %w", err)
 	}
-	for i, s := range rs.history {
+	for i, s := range history {
 		if s.seq != i+1 {
-			return nil, nil, fmt.Errorf("workflow: history of key %q in scope %q has a gap at step #%d", id, scope, i+1)
+			return nil, fmt.Errorf("workflow: history of key %q in scope %q has a gap at step #%d", id, scope, i+1)
 		}
 	}
-	return rs, input, nil
+	return history, nil
 }
 
 // execute runs the workflow function under rs's lease and stores how it ended. It returns the
-// stored output, a *FailedError, or the error that stopped it without an outcome.
+// stored output, a *FailedError, or the error that stopped it without an outcome. A held step
+// that could not commit for a reason a rerun fixes makes it start over from the committed
+// history, in this process, a few times.
 func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) ([]byte, error) {
+	for restarts := 0; ; restarts++ {
+		out, err := e.executeOnce(ctx, rs, input)
+		if !errors.Is(err, errRestart) || restarts >= maxRestarts {
+			if errors.Is(err, errRestart) {
+				return nil, e.abandon(ctx, rs, &machineryError{err})
+			}
+			return out, err
+		}
+		out, finished, rerr := e.reload(ctx, rs)
+		switch {
+		case rerr != nil && errors.Is(rerr, ErrFailed), rerr != nil && errors.Is(rerr, ErrCancelled):
+			return nil, rerr
+		case rerr != nil:
+			return nil, e.abandon(ctx, rs, &machineryError{rerr})
+		case finished:
+			return out, nil
+		}
+	}
+}
+
+func idemKey(rs *runState) idem.Key { return idem.Key{Scope: rs.scope, ID: rs.id} }
+
+func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ([]byte, error) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	rs.cancel = cancel
@@ -292,9 +362,12 @@ func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) ([]byt
 	stopHeartbeat()
 
 	var mErr *machineryError
-	switch {
-	case rs.stopped() != nil:
-		return nil, e.abandon(ctx, rs, rs.stopped())
+	switch stopped := rs.stopped(); {
+	case errors.Is(stopped, errRestart), errors.Is(stopped, errKeyTaken):
+		rs.rollbackHeld(ctx)
+		return nil, stopped
+	case stopped != nil:
+		return nil, e.abandon(ctx, rs, stopped)
 	case context.Cause(runCtx) != nil:
 		return nil, e.abandon(ctx, rs, context.Cause(runCtx))
 	case errors.As(ferr, &mErr):
@@ -308,12 +381,13 @@ func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) ([]byt
 	if ferr != nil {
 		state, result = store.RunFailed, encodeFailure(ferr.Error())
 	}
-	tag, err := e.db.Exec(ctx, e.st.Runs.Finish, rs.scope, rs.id, rs.token, string(state), result, e.cfg.TTL.Microseconds())
-	if err != nil {
-		return nil, fmt.Errorf("workflow: error storing the run's outcome (the run will be resumed and finished later): %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return nil, fmt.Errorf("workflow: error storing the run's outcome: %w", ErrLeaseLost)
+	if err := rs.finish(ctx, state, result); err != nil {
+		if errors.Is(err, errRestart) || errors.Is(err, errKeyTaken) {
+			rs.rollbackHeld(ctx)
+			return nil, err
+		}
+		rs.rollbackHeld(ctx)
+		return nil, err
 	}
 	if ferr != nil {
 		return nil, failedFromStored(rs.def.Name(), idem.Key{Scope: rs.scope, ID: rs.id}, result)
@@ -325,6 +399,22 @@ func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) ([]byt
 // expire, so the run is resumed by the recovery scan; for errors a retry will not fix by itself,
 // the reason is recorded for the operator and the reconcile hook.
 func (e *Engine) abandon(ctx context.Context, rs *runState, err error) error {
+	rs.rollbackHeld(ctx)
+	if !rs.started() {
+		return fmt.Errorf("workflow: run of %q (key %q in scope %q) stopped before its first step could be written: %w", rs.def.Name(), rs.id, rs.scope, err)
+	}
+	if len(rs.pending) > 0 && !errors.Is(err, ErrLeaseLost) {
+		// The Calls that completed are worth keeping: a resume then need not run them again.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		for _, d := range rs.pending {
+			// Fenced here: on its own, the write must check the lease itself.
+			if _, perr := e.db.Exec(sctx, e.st.Runs.Checkpoint, d.Args...); perr != nil {
+				break
+			}
+		}
+		cancel()
+		rs.pending = nil
+	}
 	var nd *NonDeterminismError
 	var mErr *machineryError
 	if errors.As(err, &nd) || (errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost)) {
@@ -373,6 +463,10 @@ func (e *Engine) heartbeat(ctx context.Context, rs *runState) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-ticker.C:
+			}
+			if !rs.committed() {
+				renewed = time.Now() // nothing to renew yet: the run's row is not committed
+				continue
 			}
 			sent := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, interval)

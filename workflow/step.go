@@ -46,6 +46,14 @@ type StepOpts struct {
 	// Timeout bounds each attempt; an attempt that runs out counts as failed. Default 0: no
 	// bound beyond the workflow's context.
 	Timeout time.Duration
+
+	// CheckpointNow writes a Call step's checkpoint as soon as the step returns, in a statement
+	// of its own, instead of with the run's next transaction. A crash then runs the Call again
+	// only if it comes between the Call's effect and that statement; without it, until the
+	// next transaction commits (the Call runs again with the same derived key either way). Set
+	// it for outside services that do not honour idempotency keys. Tx steps ignore it: their
+	// checkpoint always commits with their writes.
+	CheckpointNow bool
 }
 
 func (o *StepOpts) withDefaults() (StepOpts, error) {
@@ -91,7 +99,8 @@ type StepInfo struct {
 	Attempt int    // 1 for the first attempt within this process's part of the run
 	Key     string // derived key; see StepKey
 
-	rs *runState
+	rs            *runState
+	checkpointNow bool
 }
 
 // RiverClient returns the application's River client, for step kinds that insert jobs.
@@ -156,7 +165,7 @@ func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(c
 		if err != nil {
 			return nil, err
 		}
-		if err := s.rs.checkpoint(ctx, s, out, nil); err != nil {
+		if err := s.rs.checkpointCall(ctx, s, out, nil, s.checkpointNow); err != nil {
 			return nil, err
 		}
 		return out, nil
@@ -176,6 +185,9 @@ func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(c
 //	})
 func RunStepTx(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
 	return runStep(ctx, kind, name, opts, true, func(ctx context.Context, s *StepInfo) ([]byte, error) {
+		if s.rs.e.pool() != nil {
+			return s.rs.stepTxRetrying(ctx, s, body)
+		}
 		var out []byte
 		runs := 0
 		err := tx.Run(ctx, s.rs.e.db, func(ctx context.Context, t pgx.Tx) error {
@@ -250,7 +262,13 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 		return rec.output, nil
 	}
 
-	info := &StepInfo{Kind: kind, Name: name, Seq: seq, Key: stepKey(rs.scope, rs.id, rs.created, seq, name), rs: rs}
+	if err := rs.boundary(ctx, inPostgres); err != nil {
+		return nil, err
+	}
+	info := &StepInfo{Kind: kind, Name: name, Seq: seq, rs: rs, checkpointNow: cfg.CheckpointNow}
+	if rs.started() {
+		info.Key = stepKey(rs.scope, rs.id, rs.created, seq, name)
+	}
 	for n := 1; ; n++ {
 		info.Attempt = n
 		actx, cancel := ctx, context.CancelFunc(func() {})
@@ -278,13 +296,31 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 		}
 		if n >= cfg.MaxAttempts || isPermanent(err) {
 			msg := err.Error()
-			if cerr := rs.checkpoint(ctx, info, nil, &msg); cerr != nil {
+			if cerr := rs.flushStart(ctx); cerr != nil {
+				return nil, cerr
+			}
+			if cerr := rs.checkpointCall(ctx, info, nil, &msg, false); cerr != nil {
 				return nil, cerr
 			}
 			return nil, &StepError{Step: name, Seq: seq, Attempts: n, Message: msg}
 		}
 		if serr := backoff.Sleep(ctx, cfg.backoff(n)); serr != nil {
 			return nil, rs.stop(context.Cause(ctx))
+		}
+	}
+}
+
+// stepTxRetrying runs a Tx step in a transaction the run holds (see fold.go), again when Postgres
+// reports a serialization failure or deadlock, as tx.Run would.
+func (rs *runState) stepTxRetrying(ctx context.Context, s *StepInfo, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
+	retry := backoff.Jitter{Min: 5 * time.Millisecond, Max: 500 * time.Millisecond}
+	for n := 1; ; n++ {
+		out, err := rs.stepTx(ctx, s, body)
+		if err == nil || !tx.IsRetryable(err) || n >= 10 || rs.stopped() != nil {
+			return out, err
+		}
+		if serr := backoff.Sleep(ctx, retry.Wait(n)); serr != nil {
+			return nil, err
 		}
 	}
 }

@@ -99,6 +99,15 @@ type RunOpts struct {
 	// finish, and then return its result, instead of returning idem.ErrInFlight at once. If the
 	// other owner dies meanwhile, this call takes the run over. Default 0: do not wait.
 	Wait time.Duration
+
+	// Replayed, when set, is set to whether the outcome Run returns (an output, or a stored
+	// failure) was stored before this call rather than produced by it: what an HTTP handler
+	// needs for an Idempotent-Replayed header. A call that took the run over and finished it
+	// produced its outcome.
+	//
+	//	var replayed bool
+	//	receipt, err := Payout.Run(ctx, engine, key, req, &workflow.RunOpts{Replayed: &replayed})
+	Replayed *bool
 }
 
 // Run starts the run for key with input in, or continues it, and returns its output.
@@ -157,7 +166,10 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if fingerprint == nil {
 		fingerprint = idem.Fingerprint("idem.workflow.input", w.name, string(input))
 	}
-	result, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait)
+	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait)
+	if opts.Replayed != nil {
+		*opts.Replayed = replayed
+	}
 	if err != nil {
 		return zero, err
 	}

@@ -27,21 +27,25 @@ func TestRun(t *testing.T) {
 		b := setup(t)
 		var ran atomic.Int32
 		wf := newTransfer(b.pool, &hooks{at: func(_ context.Context, p string) {
-			if p == "before:reserve" {
+			if p == "in:reserve" {
 				ran.Add(1)
 			}
 		}})
 		e := b.engine(t, fastConfig(wf))
 
-		r, err := wf.Run(b.ctx, e, key("k1"), req, nil)
+		replayed := true
+		r, err := wf.Run(b.ctx, e, key("k1"), req, &workflow.RunOpts{Replayed: &replayed})
 		require.NoError(t, err)
+		require.False(t, replayed, "the first call produced the outcome")
 		require.Equal(t, 100, r.Amount)
 		b.checkTransfer(t, r)
 
 		for range 3 {
-			again, err := wf.Run(b.ctx, e, key("k1"), req, nil)
+			replayed = false
+			again, err := wf.Run(b.ctx, e, key("k1"), req, &workflow.RunOpts{Replayed: &replayed})
 			require.NoError(t, err)
 			require.Equal(t, r, again)
+			require.True(t, replayed)
 		}
 		require.EqualValues(t, 1, ran.Load())
 		b.checkTransfer(t, r)
@@ -126,8 +130,10 @@ func TestRun(t *testing.T) {
 		const n = 8
 		var ran, returned atomic.Int32
 		othersDone := make(chan struct{})
+		// Every caller runs the workflow's code up to its first step; the first step's
+		// transaction writes the run's row, and only one caller's can.
 		wf := newTransfer(b.pool, &hooks{at: func(_ context.Context, p string) {
-			if p == "before:reserve" {
+			if p == "in:reserve" {
 				ran.Add(1)
 				<-othersDone // keep the run in flight until every other caller has had its answer
 			}
@@ -166,7 +172,7 @@ func TestRun(t *testing.T) {
 		b := setup(t)
 		var ran atomic.Int32
 		wf := newTransfer(b.pool, &hooks{at: func(_ context.Context, p string) {
-			if p == "before:reserve" {
+			if p == "in:reserve" {
 				ran.Add(1)
 				time.Sleep(300 * time.Millisecond)
 			}
@@ -196,8 +202,8 @@ func TestRun(t *testing.T) {
 		b := setup(t)
 		var ran atomic.Int32
 		wf := workflow.Define("fails", func(ctx context.Context, in int) (int, error) {
-			ran.Add(1)
 			if _, err := steps.Tx(ctx, "write", func(ctx context.Context, tx pgx.Tx) (int, error) {
+				ran.Add(1)
 				_, err := tx.Exec(ctx, `INSERT INTO effects (run, step) VALUES ('f', 'write')`)
 				return 0, err
 			}, nil); err != nil {
@@ -353,11 +359,14 @@ func TestRun(t *testing.T) {
 			if err := steps.Enqueue(ctx, "notify", notifyArgs{Run: "n"}, nil); err != nil {
 				return 0, err
 			}
-			if crashed.CompareAndSwap(false, true) {
-				ctxCancel()
-				return 0, ctx.Err()
-			}
-			return 1, nil
+			// The process dies in the next step, once the enqueue has committed.
+			return steps.Call(ctx, "after", func(ctx context.Context, _ string) (int, error) {
+				if crashed.CompareAndSwap(false, true) {
+					ctxCancel()
+					return 0, ctx.Err()
+				}
+				return 1, nil
+			}, nil)
 		})
 		e := b.engine(t, fastConfig(wf))
 		b.startRiver(t, e)
@@ -376,7 +385,8 @@ func TestRun(t *testing.T) {
 // TestStaleWorkerCannotCommit plays a process that is paused mid-step (its lease renewals stop)
 // while another takes the run over. When the paused one wakes up, while the new owner is still
 // at work, its step's transaction is refused by the fence and rolls back; the new owner
-// finishes the run.
+// finishes the run. The step is the run's last: the run exists (and has a lease to lose) once
+// its first step has committed.
 func TestStaleWorkerCannotCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -385,7 +395,7 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 
 	staleInStep, releaseStale := make(chan struct{}), make(chan struct{})
 	stale := newTransfer(b.pool, &hooks{at: func(_ context.Context, p string) {
-		if p == "in:reserve" {
+		if p == "in:settle" {
 			close(staleInStep)
 			<-releaseStale
 		}
@@ -393,11 +403,16 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 	staleEngine := b.engine(t, fastConfig(stale))
 	workflow.PauseHeartbeat(staleEngine)
 
+	// The fresh worker owns the run once it reaches the charge: its first pass found the key
+	// taken at the reserve, looked it up and took the expired lease over.
 	freshOwns, releaseFresh := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	fresh := newTransfer(b.pool, &hooks{at: func(_ context.Context, p string) {
-		if p == "before:reserve" {
-			close(freshOwns)
-			<-releaseFresh
+		if p == "before:charge" {
+			once.Do(func() {
+				close(freshOwns)
+				<-releaseFresh
+			})
 		}
 	}})
 	freshEngine := b.engine(t, fastConfig(fresh))
@@ -424,7 +439,7 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 	close(releaseStale)
 	err := <-staleDone
 	require.ErrorIs(t, err, workflow.ErrLeaseLost)
-	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`), "the stale worker's write must roll back")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM effects WHERE step = 'settle'`), "the stale worker's write must roll back")
 
 	close(releaseFresh)
 	res := <-freshDone

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
@@ -251,10 +250,6 @@ func unavailable(w http.ResponseWriter, detail string) {
 	writeProblem(w, http.StatusServiceUnavailable, "database-error", "Database error", detail, nil)
 }
 
-// ranKey marks the context of a payout request, so the workflow can tell this request that it
-// ran (and the answer is not a replay).
-type ranKey struct{}
-
 // createPayout runs the payout workflow under the request's key and answers with its receipt.
 // A retry of a finished payout replays it; a payout in progress elsewhere answers 409 with
 // Retry-After; a payout whose process died is resumed by the recovery worker, or by the retry
@@ -286,15 +281,14 @@ func (a *app) createPayout(w http.ResponseWriter, r *http.Request) {
 		unavailable(w, "Nothing was done; retry with the same key.")
 		return
 	}
-	ran := new(atomic.Bool)
-	ctx := context.WithValue(r.Context(), ranKey{}, ran)
+	var replayed bool
 	in := payoutInput{Scope: scope, Key: id, Account: req.Account, Amount: req.Amount}
-	rc, err := a.payout.Run(ctx, a.engine, idem.Key{Scope: scope, ID: id}, in, nil)
+	rc, err := a.payout.Run(r.Context(), a.engine, idem.Key{Scope: scope, ID: id}, in, &workflow.RunOpts{Replayed: &replayed})
 
 	var inFlight *idem.InFlightError
 	switch {
 	case err == nil:
-		if !ran.Load() {
+		if replayed {
 			w.Header().Set(idemhttp.DefaultReplayedHeader, "true")
 		}
 		writePayout(w, rc)
@@ -306,7 +300,7 @@ func (a *app) createPayout(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, workflow.ErrFailed):
 		// A stored failure is final, so it is a 4xx: a 5xx would make generic clients retry it
 		// over and over. Marked as a replay, it also stops idemhttp.Transport.
-		if !ran.Load() {
+		if replayed {
 			w.Header().Set(idemhttp.DefaultReplayedHeader, "true")
 		}
 		writeProblem(w, http.StatusUnprocessableEntity, "payout-failed", "Payout failed", err.Error(), nil)

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,9 +58,6 @@ const chargeSeq = 2
 // completed step, and the charge is made once because the provider honours the step's key.
 func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 	return workflow.Define("bank.payout", func(ctx context.Context, in payoutInput) (payoutReceipt, error) {
-		if ran, ok := ctx.Value(ranKey{}).(*atomic.Bool); ok {
-			ran.Store(true)
-		}
 		rc := payoutReceipt{Account: in.Account, Amount: in.Amount}
 
 		h, err := steps.Tx(ctx, "reserve", func(ctx context.Context, t pgx.Tx) (hold, error) {

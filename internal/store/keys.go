@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -111,4 +113,22 @@ func finishKeyRow(row KeyRow, live *bool) KeyRow {
 		row.Found, row.Live = true, *live
 	}
 	return row
+}
+
+// LockID maps a key to the 64-bit advisory lock that marks it in flight: the first 8 bytes of a
+// SHA-256 over the schema and the key. A cryptographic hash, so that a client who knows another
+// tenant's key cannot craft one of its own that collides with it and so keep it "in flight"; a
+// collision costs a spurious in-flight answer, never a wrong one, since the row, not the lock,
+// decides what is stored. The schema is part of it so that two installations of idem in one
+// database do not block each other. Do and workflow runs take the same lock for a key.
+func LockID(schema, scope, id string) int64 {
+	h := sha256.New()
+	var n [8]byte
+	for _, part := range []string{"idem.lock.v1", schema, scope, id} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	var sum [sha256.Size]byte
+	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }

@@ -25,10 +25,12 @@ func (s RunState) Finished() bool { return s == RunDone || s == RunFailed || s =
 // are listed as $n = name.
 type RunStatements struct {
 	// Start creates a run with this process's lease, and its key, if the key is free: one
-	// statement, which inserts nothing when the key exists. ON CONFLICT waits for a concurrent
-	// insert of the same key to end, so two concurrent starts make one run.
+	// statement, which inserts nothing when the key exists, or when another transaction holds
+	// the key's in-flight lock (a run whose first step has not committed yet, a Do running
+	// now): it takes that lock without waiting, as Do does, so a duplicate start is answered at
+	// once instead of parking on the other's uncommitted row.
 	// $1 scope, $2 id, $3 fingerprint, $4 workflow, $5 input, $6 lease token, $7 lease owner,
-	// $8 lease µs, $9 trace context. Returns created_at in µs.
+	// $8 lease µs, $9 trace context, $10 lock id. Returns created_at in µs.
 	Start string
 
 	// Enqueue is Start for StartTx: a run with no owner yet (no token, a lease that is already
@@ -65,6 +67,11 @@ type RunStatements struct {
 	// $1 scope, $2 id, $3 token, $4 seq, $5 name, $6 kind, $7 output, $8 error, $9 attempts.
 	Checkpoint string
 
+	// CheckpointInFenced writes a step's row without a fence of its own, for a transaction in
+	// which another statement fences (Checkpoint or FinishFenced): one row lock on the run per
+	// transaction is enough to make a takeover wait for it. Arguments as Checkpoint.
+	CheckpointInFenced string
+
 	// Step reads one step of the history. $1 scope, $2 id, $3 seq.
 	Step string
 
@@ -74,6 +81,11 @@ type RunStatements struct {
 	// Finish stores a run's outcome, if the writer still holds the lease. $1 scope, $2 id,
 	// $3 token, $4 state, $5 output, $6 TTL µs.
 	Finish string
+
+	// FinishFenced is Finish for a batch sent with COMMIT, where no one reads the rows affected:
+	// when the writer no longer holds the lease, it fails (division by zero), which aborts the
+	// transaction. See IsFinishFenceError.
+	FinishFenced string
 
 	// Stuck records why a run stopped, keeping the lease: the run is retried when the lease
 	// expires. $1 scope, $2 id, $3 token, $4 message.
@@ -102,7 +114,7 @@ func runStatements(t Tables) RunStatements {
 	return RunStatements{
 		Start: t.render(`WITH key AS (
 	INSERT INTO {keys} (scope, id, workflow, created_at, expires_at)
-	VALUES ($1, $2, $4, statement_timestamp(), 'infinity')
+	SELECT $1, $2, $4, statement_timestamp(), 'infinity' WHERE pg_try_advisory_xact_lock($10)
 	ON CONFLICT (scope, id) DO NOTHING
 	RETURNING created_at
 )
@@ -160,6 +172,9 @@ RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coa
 INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts)
 SELECT fence.scope, fence.id, $4, $5, $6, $7, $8, $9 FROM (SELECT) AS one LEFT JOIN fence ON true`),
 
+		CheckpointInFenced: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts)
+SELECT $1, $2, $4, $5, $6, $7, $8, $9 WHERE $3::uuid IS NOT NULL`),
+
 		Step: t.render(`SELECT output, error, attempts FROM {steps} WHERE scope = $1 AND id = $2 AND seq = $3`),
 
 		Renew: t.render(`UPDATE {runs} SET lease_expires_at = now() + $4::int8 @us
@@ -168,6 +183,14 @@ WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 		Finish: t.render(`UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
 	lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
+
+		FinishFenced: t.render(`WITH finished AS (
+	UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
+		lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
+	WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'
+	RETURNING 1
+)
+SELECT 1 / count(*)::int FROM finished`),
 
 		Stuck: t.render(`UPDATE {runs} SET last_error = $4, updated_at = now()
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
@@ -197,4 +220,10 @@ WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now()
 func IsFenceError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23502" && pgErr.TableName == "idem_steps" && pgErr.ColumnName == "scope"
+}
+
+// IsFinishFenceError reports whether err is FinishFenced's failed fence.
+func IsFinishFenceError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22012"
 }
