@@ -33,11 +33,6 @@ func newCPUMeter(ctx context.Context, pool *pgxpool.Pool) *cpuMeter {
 	return &cpuMeter{postmaster: ppid, ticks: 10 * time.Millisecond}
 }
 
-func (m *cpuMeter) read() time.Duration {
-	client, server := m.split()
-	return client + server
-}
-
 // split reads the CPU time of this process and of the server apart.
 func (m *cpuMeter) split() (client, server time.Duration) {
 	if m == nil || m.postmaster == 0 {
