@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtemp"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -527,4 +528,23 @@ func TestDoReusesExpiredWorkflowKey(t *testing.T) {
 	require.Nil(t, workflow)
 	require.Zero(t, stepsLeft, "the expired run's history is gone with it")
 	require.Zero(t, runsLeft, "and so is the run")
+}
+
+// TestMissingTablesSayWhatToDo: on a database where idem's tables were never created, Do and
+// Run say to run Migrate (or apply schema.sql), instead of a driver's "relation does not exist"
+// dressed as a failed BEGIN.
+func TestMissingTablesSayWhatToDo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtemp.NewPool(t)
+	k := idem.Key{Scope: "s", ID: "k"}
+	fn := func(context.Context, pgx.Tx) (int, error) { return 1, nil }
+	_, err := idem.Run(ctx, pool, k, fn)
+	require.ErrorContains(t, err, "run idem.Migrate")
+	require.ErrorContains(t, err, "schema.sql")
+	require.NotContains(t, err.Error(), "beginning transaction")
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := idem.Do(ctx, tx, k, fn); return err })
+	require.ErrorContains(t, err, "run idem.Migrate")
+	_, err = idem.Run(ctx, pool, k, fn, idem.Schema("elsewhere"))
+	require.ErrorContains(t, err, "Schema option", "the message points at the schema too")
 }

@@ -26,6 +26,7 @@ type config struct {
 	isoLevel   pgx.TxIsoLevel
 	maxTries   int
 	optimistic bool
+	backoff    []time.Duration // min, max for Run's retries; nil: tx.Run's default
 
 	reapMax       int64
 	reapBusy      float64
@@ -215,5 +216,20 @@ func ReapBatchTime(d time.Duration) Option {
 			return
 		}
 		c.reapBatchTime = d
+	}
+}
+
+// Backoff sets how long [Run] waits before running the transaction again, as tx.Backoff does for
+// tx.Run (Run is tx.Run with Do inside): a random wait up to min·2^(n-1), capped at max. The
+// default is tx.Run's, 5ms to 500ms.
+//
+//	receipt, err := idem.Run(ctx, pool, key, transfer, idem.Backoff(10*time.Millisecond, 2*time.Second))
+func Backoff(min, max time.Duration) Option {
+	return func(c *config) {
+		if min < 0 || max < min {
+			c.setErr("Backoff needs 0 <= min <= max (got %s, %s)", min, max)
+			return
+		}
+		c.backoff = []time.Duration{min, max}
 	}
 }

@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -24,8 +23,8 @@ import (
 //
 // Like tx.Run, it runs the whole transaction again, with jittered backoff, when Postgres reports
 // a serialization failure or deadlock, when a racing duplicate wins, and when the COMMIT's
-// acknowledgement is lost (the retry replays if the first COMMIT landed). [Isolation] and
-// [MaxAttempts] configure that.
+// acknowledgement is lost (the retry replays if the first COMMIT landed). [Isolation],
+// [MaxAttempts] and [Backoff] configure that.
 //
 // db is a *pgxpool.Pool, or a *pgx.Conn (which cannot be used again once it died, so a lost
 // COMMIT is then reported as tx.ErrCommitUnknown). Any other [Beginner] works too, at the cost of
@@ -57,6 +56,9 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 	if cfg.isoLevel != "" {
 		txOpts = append(txOpts, tx.Isolation(cfg.isoLevel))
 	}
+	if cfg.backoff != nil {
+		txOpts = append(txOpts, tx.Backoff(cfg.backoff[0], cfg.backoff[1]))
+	}
 	var out T
 	err := tx.Run(ctx, db, func(ctx context.Context, t pgx.Tx) error {
 		var err error
@@ -64,7 +66,7 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 		return err
 	}, txOpts...)
 	if err != nil {
-		return zero, fmt.Errorf("%w", err)
+		return zero, err
 	}
 	return out, nil
 }

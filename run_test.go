@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -337,4 +338,25 @@ func TestRoundTrips(t *testing.T) {
 			return err
 		})
 	}), "a first statement without arguments may hold several statements, which a batch cannot: BEGIN goes alone")
+}
+
+// TestRunBackoff: Run waits between attempts as its Backoff option says, being tx.Run inside.
+func TestRunBackoff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conflict := func(context.Context, pgx.Tx) (int, error) {
+		return 0, &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+	}
+	k := idem.Key{Scope: "s", ID: "backoff"}
+
+	_, err := idem.Run(b.ctx, b.pool, k, conflict, idem.MaxAttempts(3), idem.Backoff(0, 0))
+	require.ErrorContains(t, err, "giving up after 3 attempts")
+
+	ctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err = idem.Run(ctx, b.pool, k, conflict, idem.MaxAttempts(3), idem.Backoff(time.Hour, time.Hour))
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the wait before the second attempt outlasts the context")
+
+	_, err = idem.Run(b.ctx, b.pool, k, conflict, idem.Backoff(time.Second, time.Millisecond))
+	require.ErrorContains(t, err, "Backoff")
 }

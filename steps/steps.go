@@ -25,7 +25,7 @@
 //		if err != nil {
 //			return Receipt{}, err
 //		}
-//		if err := steps.Enqueue(ctx, "notify", NotifyArgs{Payout: req.ID}, nil); err != nil {
+//		if err := steps.Enqueue(ctx, "notify", NotifyArgs{Payout: req.ID}, nil, nil); err != nil {
 //			return Receipt{}, err
 //		}
 //		return steps.Tx(ctx, "settle", func(ctx context.Context, tx pgx.Tx) (Receipt, error) {
@@ -118,24 +118,24 @@ func Call[T any](ctx context.Context, name string, fn func(ctx context.Context, 
 
 // Enqueue inserts a River job with the application's River client (see
 // workflow.Engine.SetClient) in the step's transaction, the transactional outbox: the job is
-// inserted exactly once, however often the run is resumed. opts are River's, nil for the
-// defaults.
+// inserted exactly once, however often the run is resumed. insertOpts are River's, opts the
+// step's retries (as for [Tx]); nil for the defaults.
 //
-//	err := steps.Enqueue(ctx, "notify", NotifyArgs{Payout: req.ID}, &river.InsertOpts{Queue: "mail"})
+//	err := steps.Enqueue(ctx, "notify", NotifyArgs{Payout: req.ID}, &river.InsertOpts{Queue: "mail"}, &steps.Opts{MaxAttempts: 10})
 //
 // The job runs as River runs jobs (at least once, with River's retries); give it its own
 // idempotency, for instance an idem.Do keyed by the job's arguments, if running twice matters.
-func Enqueue(ctx context.Context, name string, args river.JobArgs, opts *river.InsertOpts) error {
+func Enqueue(ctx context.Context, name string, args river.JobArgs, insertOpts *river.InsertOpts, opts *Opts) error {
 	if args == nil {
 		return fmt.Errorf("steps: Enqueue %q needs job args; args is nil", name)
 	}
-	_, err := workflow.RunStepTx(ctx, "enqueue", name, nil, func(ctx context.Context, t pgx.Tx, info *workflow.StepInfo) ([]byte, error) {
+	_, err := workflow.RunStepTx(ctx, "enqueue", name, opts, func(ctx context.Context, t pgx.Tx, info *workflow.StepInfo) ([]byte, error) {
 		client, err := info.RiverClient(ctx)
 		if err != nil {
 			// A setup mistake, not the step's failure: the run waits for a fixed deploy.
 			return nil, workflow.StopRun(ctx, err)
 		}
-		res, err := client.InsertTx(ctx, t, args, opts)
+		res, err := client.InsertTx(ctx, t, args, insertOpts)
 		if err != nil {
 			return nil, fmt.Errorf("error inserting %s job: %w", args.Kind(), err)
 		}

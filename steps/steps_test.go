@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -145,7 +147,7 @@ func TestEnqueueNeedsAClient(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	wf := workflow.Define("enq", func(ctx context.Context, in int) (int, error) {
-		return 0, steps.Enqueue(ctx, "notify", noArgs{}, nil)
+		return 0, steps.Enqueue(ctx, "notify", noArgs{}, nil, nil)
 	})
 	e := b.engine(t, wf)
 	_, err := wf.Run(b.ctx, e, key, 1, nil)
@@ -178,4 +180,24 @@ func TestPermanent(t *testing.T) {
 	require.True(t, steps.IsPermanent(err))
 	require.False(t, steps.IsPermanent(base))
 	require.Equal(t, "declined", err.Error())
+}
+
+// TestEnqueueTakesStepOptions: Enqueue retries as its step options say, like the other kinds.
+func TestEnqueueTakesStepOptions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{}) // inserts only
+	require.NoError(t, err)
+	wf := workflow.Define("enq-opts", func(ctx context.Context, in int) (int, error) {
+		// River refuses the queue's name on every attempt.
+		return 0, steps.Enqueue(ctx, "notify", noArgs{}, &river.InsertOpts{Queue: "no such queue!"},
+			&steps.Opts{MaxAttempts: 2, MinBackoff: time.Millisecond})
+	})
+	e := b.engine(t, wf)
+	e.SetClient(client)
+	_, err = wf.Run(b.ctx, e, key, 1, nil)
+	// The step's failure ended the run, which stores it as a message.
+	require.ErrorIs(t, err, workflow.ErrFailed)
+	require.ErrorContains(t, err, "failed after 2 attempts", "MaxAttempts applies to Enqueue")
+	require.ErrorContains(t, err, "queue name is invalid")
 }

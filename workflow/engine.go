@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
@@ -36,10 +35,8 @@ const (
 //	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 //	engine, err := workflow.NewEngine(pool, nil) // *pgxpool.Pool is a DB
 type DB interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	idem.Beginner
+	idem.Querier
 }
 
 // Config configures an [Engine]. The zero value of every field means its default.

@@ -109,7 +109,7 @@ func Example() {
 		if err != nil {
 			return Receipt{}, err
 		}
-		if err := steps.Enqueue(ctx, "notify", NotifyArgs{Account: req.Account}, nil); err != nil {
+		if err := steps.Enqueue(ctx, "notify", NotifyArgs{Account: req.Account}, nil, nil); err != nil {
 			return Receipt{}, err
 		}
 		return steps.Tx(ctx, "settle", func(ctx context.Context, tx pgx.Tx) (Receipt, error) {

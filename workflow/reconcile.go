@@ -64,7 +64,8 @@ func (r *StuckRun) StepKey(seq int, name string) string {
 //	}
 type ReconcileFunc func(ctx context.Context, run *StuckRun) (Decision, error)
 
-// Decision is what a [ReconcileFunc] decided. Make one with ResumeLater, Complete or Fail.
+// Decision is what a [ReconcileFunc] decided. Make one with ResumeLater, Complete or Fail; the
+// zero Decision is not a decision, and is refused (the job fails and River retries it).
 //
 //	var d workflow.Decision = workflow.ResumeLater(time.Hour)
 type Decision struct {
@@ -77,7 +78,8 @@ type Decision struct {
 type decisionAction int
 
 const (
-	actionFail decisionAction = iota
+	actionNone decisionAction = iota // the zero Decision: no decision, refused
+	actionFail
 	actionComplete
 	actionResume
 )
@@ -140,6 +142,8 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected
 
 	var err error
 	switch d.action {
+	case actionNone:
+		return fmt.Errorf("the reconcile hook for key %q in scope %q returned a zero workflow.Decision; return workflow.ResumeLater, workflow.Complete or workflow.Fail", id, scope)
 	case actionResume:
 		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileResume, scope, id, row.token, d.after.Microseconds())
 	case actionComplete:
@@ -148,7 +152,7 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected
 			return fmt.Errorf("error encoding the reconcile hook's output of type %T as JSON: %w", d.output, merr)
 		}
 		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunDone), data, e.cfg.TTL.Microseconds())
-	default:
+	case actionFail:
 		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunFailed), encodeFailure(d.errorMsg), e.cfg.TTL.Microseconds())
 	}
 	if err != nil {

@@ -156,6 +156,22 @@ func TestReconcile(t *testing.T) {
 			},
 		},
 		{
+			name: "ZeroDecisionIsRefused",
+			hook: func(calls *atomic.Int32) workflow.ReconcileFunc {
+				return func(ctx context.Context, run *workflow.StuckRun) (workflow.Decision, error) {
+					if calls.Add(1) == 1 {
+						return workflow.Decision{}, nil // a hook that forgot to decide
+					}
+					return workflow.Fail(errors.New("decided the second time")), nil
+				}
+			},
+			wantState: "failed",
+			check: func(t *testing.T, _ string, err error) {
+				// The zero Decision failed nothing: the run's stored failure is the second one.
+				require.ErrorContains(t, err, "decided the second time")
+			},
+		},
+		{
 			name: "HookResumesLater",
 			hook: func(calls *atomic.Int32) workflow.ReconcileFunc {
 				return func(ctx context.Context, run *workflow.StuckRun) (workflow.Decision, error) {
@@ -187,7 +203,7 @@ func TestReconcile(t *testing.T) {
 
 			b.startRiver(t, e)
 			require.Equal(t, tt.wantState, b.waitFinished(t, key))
-			if tt.hook != nil {
+			if tt.hook != nil && tt.name != "ZeroDecisionIsRefused" {
 				require.EqualValues(t, 1, calls.Load())
 			}
 			out, err := wf.Run(b.ctx, e, key, 1, nil)

@@ -356,7 +356,7 @@ func TestRun(t *testing.T) {
 		var ctxCancel context.CancelFunc
 		var crashed atomic.Bool
 		wf := workflow.Define("notify", func(ctx context.Context, in int) (int, error) {
-			if err := steps.Enqueue(ctx, "notify", notifyArgs{Run: "n"}, nil); err != nil {
+			if err := steps.Enqueue(ctx, "notify", notifyArgs{Run: "n"}, nil, nil); err != nil {
 				return 0, err
 			}
 			// The process dies in the next step, once the enqueue has committed.

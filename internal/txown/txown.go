@@ -130,6 +130,12 @@ func (t *Tx) sendWithBegin(ctx context.Context, sql string, args []any) (pgx.Bat
 	br := t.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
+		var prep pgx.ErrPreprocessingBatch
+		if errors.As(err, &prep) {
+			// The statement could not be prepared (a missing table, a syntax error): nothing
+			// was sent, and the error is the statement's, not BEGIN's.
+			return nil, err
+		}
 		return nil, &Unsent{fmt.Errorf("tx: error beginning transaction: %w", err)}
 	}
 	t.real = br.Tx()

@@ -1,0 +1,195 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtemp"
+)
+
+// benchSize reads a size from the environment, so that the big benchmarks below stay small
+// unless asked for (go test -bench . runs every benchmark).
+func benchSize(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// transferPool is a database with idem migrated and the accounts and ledger of BenchmarkTransfer.
+func transferPool(b *testing.B, clients int) *pgxpool.Pool {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtemp.NewDB(b))
+	require.NoError(b, err)
+	cfg.MaxConns = int32(clients + 2)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	require.NoError(b, idem.Migrate(ctx, pool))
+	_, err = pool.Exec(ctx, `
+		CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
+		INSERT INTO accounts SELECT i, 1000000 FROM generate_series(1, 1000) i;
+		CREATE TABLE ledger (id bigserial PRIMARY KEY, debit int NOT NULL, credit int NOT NULL,
+			amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());`)
+	require.NoError(b, err)
+	return pool
+}
+
+// seedExpired writes n expired keys of Do, as a service that never reaped would have left.
+func seedExpired(b *testing.B, pool *pgxpool.Pool, n int) {
+	ctx := context.Background()
+	const chunk = 250_000
+	for done := 0; done < n; done += chunk {
+		_, err := pool.Exec(ctx, `INSERT INTO idem_keys (scope, id, result, created_at, expires_at)
+			SELECT 'bench', gen_random_uuid()::text, '{"LedgerID":1}', now() - interval '2 days', now() - interval '1 day' + i * interval '1 microsecond'
+			FROM generate_series(1, $1::int) i`, min(chunk, n-done))
+		require.NoError(b, err)
+	}
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE idem_keys`)
+	require.NoError(b, err)
+}
+
+// BenchmarkExpiredBacklog compares idem.Run with fresh keys on an empty key table and on one
+// holding IDEM_BENCH_BACKLOG expired, unreaped keys (default 200,000; the figures in the README
+// use 5,000,000), 8 clients, interleaved in IDEM_BENCH_ROUNDS rounds (default 3). Keys are
+// UUIDv7, as idemhttp.Transport makes them, and random UUIDv4 (what many clients send).
+//
+//	IDEM_BENCH_BACKLOG=5000000 go test -run '^$' -bench ExpiredBacklog -benchtime 3s -timeout 30m .
+func BenchmarkExpiredBacklog(b *testing.B) {
+	const clients = 8
+	empty := transferPool(b, clients)
+	full := transferPool(b, clients)
+	seedExpired(b, full, benchSize("IDEM_BENCH_BACKLOG", 200_000))
+	ctx := context.Background()
+	transfer := benchTransfer
+	for round := range benchSize("IDEM_BENCH_ROUNDS", 3) {
+		for _, keys := range []struct {
+			name string
+			new  func() string
+		}{{"uuidv7", func() string { return uuid.Must(uuid.NewV7()).String() }}, {"uuidv4", uuid.NewString}} {
+			for _, db := range []struct {
+				name string
+				pool *pgxpool.Pool
+			}{{"empty", empty}, {"backlog", full}} {
+				b.Run(fmt.Sprintf("round=%d/%s/%s", round+1, keys.name, db.name), func(b *testing.B) {
+					runClients(b, clients, newCPUMeter(ctx, db.pool), func(int) error {
+						_, err := idem.Run(ctx, db.pool, idem.Key{Scope: "bench", ID: keys.new()}, transfer)
+						return err
+					})
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkReap drains IDEM_BENCH_BACKLOG expired keys (default 200,000; the README's figures
+// use 1,000,000) with idem.Reap's defaults while 8 clients run idem.Run transfers, and measures
+// the clients' latency before the reaper starts and while it works. It reports the reaper's
+// rows/s and the transfers' p50 and p99 in both phases.
+//
+//	IDEM_BENCH_BACKLOG=1000000 go test -run '^$' -bench '^BenchmarkReap$' -benchtime 1x -timeout 30m .
+func BenchmarkReap(b *testing.B) {
+	const clients = 8
+	ctx := context.Background()
+	for range b.N {
+		pool := transferPool(b, clients)
+		backlog := benchSize("IDEM_BENCH_BACKLOG", 200_000)
+		seedExpired(b, pool, backlog)
+		transfer := benchTransfer
+
+		var (
+			mu        sync.Mutex
+			latencies = map[string][]time.Duration{}
+			phase     atomic.Value
+			stop      atomic.Bool
+			wg        sync.WaitGroup
+			errs      = make(chan error, clients)
+		)
+		phase.Store("quiet")
+		for range clients {
+			wg.Go(func() {
+				for !stop.Load() {
+					start := time.Now()
+					_, err := idem.Run(ctx, pool, idem.Key{Scope: "bench", ID: uuid.Must(uuid.NewV7()).String()}, transfer)
+					if err != nil {
+						errs <- err
+						return
+					}
+					p := phase.Load().(string)
+					mu.Lock()
+					latencies[p] = append(latencies[p], time.Since(start))
+					mu.Unlock()
+				}
+			})
+		}
+		time.Sleep(10 * time.Second) // the clients' latency without the reaper
+		phase.Store("reaping")
+		start := time.Now()
+		var opts []idem.Option
+		if busy, err := strconv.ParseFloat(os.Getenv("IDEM_BENCH_REAP_BUSY"), 64); err == nil {
+			opts = append(opts, idem.ReapBusy(busy))
+		}
+		n, err := idem.Reap(ctx, pool, opts...)
+		took := time.Since(start)
+		phase.Store("after")
+		stop.Store(true)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+		require.NoError(b, err)
+		require.EqualValues(b, backlog, n, "the backlog is drained")
+
+		b.ReportMetric(float64(n)/took.Seconds(), "reaped/s")
+		b.ReportMetric(took.Seconds(), "reap-s")
+		for _, p := range []string{"quiet", "reaping"} {
+			l := latencies[p]
+			slices.Sort(l)
+			if len(l) == 0 {
+				continue
+			}
+			b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, p+"-p50-ms")
+			b.ReportMetric(float64(l[len(l)*99/100].Microseconds())/1000, p+"-p99-ms")
+			b.ReportMetric(float64(len(l))/map[string]float64{"quiet": 10, "reaping": took.Seconds()}[p], p+"-tx/s")
+		}
+		fmt.Fprintf(os.Stderr, "reaped %d keys in %s\n", n, took.Round(time.Millisecond))
+	}
+}
+
+type benchReceipt struct{ LedgerID int64 }
+
+// benchTransfer is BenchmarkTransfer's unit of work, a transfer between two of 1,000 accounts.
+func benchTransfer(ctx context.Context, tx pgx.Tx) (benchReceipt, error) {
+	from, to := 1+rand.IntN(1000), 1+rand.IntN(999)
+	if to >= from {
+		to++
+	}
+	lo, hi, amount := min(from, to), max(from, to), int64(1+rand.IntN(100))
+	if lo != from {
+		amount = -amount
+	}
+	var r benchReceipt
+	if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance - $1 WHERE id = $2`, amount, lo); err != nil {
+		return r, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2`, amount, hi); err != nil {
+		return r, err
+	}
+	err := tx.QueryRow(ctx, `INSERT INTO ledger (debit, credit, amount) VALUES ($1, $2, $3) RETURNING id`, from, to, amount).Scan(&r.LedgerID)
+	return r, err
+}
