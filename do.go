@@ -10,9 +10,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/internal/keyctx"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txctl"
 )
 
@@ -74,19 +79,76 @@ import (
 //	})
 //	// answer the client with receipt, or err, here: after the COMMIT
 func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...Option) (T, error) {
+	cfg := newConfig(opts)
+	tel := telemetry.For(cfg.tracerProvider, cfg.meterProvider)
+	start := time.Now()
+	ctx, span := tel.Tracer.Start(ctx, "idem.Do", trace.WithSpanKind(trace.SpanKindInternal))
+	out, outcome, err := do(ctx, tel, cfg, t, key, fn)
+	tel.DoOutcomes.Add(ctx, 1, outcomeSets[outcome])
+	tel.DoDuration.Record(ctx, time.Since(start).Seconds(), outcomeSets[outcome])
+	if span.IsRecording() {
+		span.SetAttributes(telemetry.Outcome.String(outcome), telemetry.Scope.String(key.Scope))
+		if outcome == outcomeError {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	span.End()
+	return out, err
+}
+
+// The outcomes of Do, as recorded in its span and metrics.
+const (
+	outcomeRun      = "run"
+	outcomeReplay   = "replay"
+	outcomeInFlight = "in_flight"
+	outcomeMismatch = "mismatch"
+	outcomeRace     = "race"
+	outcomeInvalid  = "invalid"
+	outcomeError    = "error"
+)
+
+// outcomeSets are the metric attributes of each outcome, made once: a precomputed set costs an
+// instrument a fraction of what attributes built per call do.
+var outcomeSets = func() map[string]metric.MeasurementOption {
+	m := map[string]metric.MeasurementOption{}
+	for _, o := range []string{outcomeRun, outcomeReplay, outcomeInFlight, outcomeMismatch, outcomeRace, outcomeInvalid, outcomeError} {
+		m[o] = metric.WithAttributeSet(attribute.NewSet(telemetry.Outcome.String(o)))
+	}
+	return m
+}()
+
+// outcomeOf names the outcome of an error from Do.
+func outcomeOf(err error) string {
+	var inflight *InFlightError
+	switch {
+	case err == nil:
+		return outcomeRun
+	case errors.As(err, &inflight) && inflight.Race:
+		return outcomeRace
+	case errors.Is(err, ErrInFlight):
+		return outcomeInFlight
+	case errors.Is(err, ErrMismatch):
+		return outcomeMismatch
+	case errors.Is(err, ErrInvalidKey):
+		return outcomeInvalid
+	}
+	return outcomeError
+}
+
+func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, key Key, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, string, error) {
 	var zero T
 	if err := key.Validate(); err != nil {
-		return zero, err
+		return zero, outcomeInvalid, err
 	}
 	if t == nil {
-		return zero, errors.New("idem: Do needs a transaction; t is nil")
+		return zero, outcomeError, errors.New("idem: Do needs a transaction; t is nil")
 	}
 	if fn == nil {
-		return zero, errors.New("idem: Do needs a function to run; fn is nil")
+		return zero, outcomeError, errors.New("idem: Do needs a function to run; fn is nil")
 	}
-	cfg := newConfig(opts)
 	if cfg.err != nil {
-		return zero, cfg.err
+		return zero, outcomeError, cfg.err
 	}
 
 	attempt, canDefer := txctl.From(t)
@@ -102,9 +164,10 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 			// This transaction already ran Do for the key, and its write waits for COMMIT.
 			stored := m.(memoEntry)
 			if key.Fingerprint != nil && stored.fingerprint != nil && !bytes.Equal(key.Fingerprint, stored.fingerprint) {
-				return zero, mismatch(key)
+				return zero, outcomeMismatch, mismatch(key)
 			}
-			return decodeResult[T](key, stored.result)
+			out, err := decodeResult[T](key, stored.result)
+			return out, outcomeReplay, err
 		}
 	}
 	st := store.For(cfg.schema)
@@ -114,28 +177,29 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 	if !cfg.optimistic || attempt == nil || lostRace(attempt.Prev, key) {
 		var err error
 		if v, row, err = lookup(ctx, t, st, cfg, key, lock); err != nil {
-			return zero, err
+			return zero, outcomeOf(err), err
 		}
 	}
 	if v == verdictRunKey {
 		// The rare path: the key belongs to a run, which Do may only take once the run has
 		// finished and expired.
 		if err := takeRunKey(ctx, t, st, cfg, key, lock); err != nil {
-			return zero, err
+			return zero, outcomeOf(err), err
 		}
 		v = verdictRunFresh
 	}
 	if v == verdictReplay {
-		return decodeResult[T](key, row.Result)
+		out, err := decodeResult[T](key, row.Result)
+		return out, outcomeReplay, err
 	}
 
 	out, err := fn(keyctx.With(ctx, cfg.schema, key.Scope, key.ID), t)
 	if err != nil {
-		return zero, err
+		return zero, outcomeError, err
 	}
 	data, err := marshalResult(out)
 	if err != nil {
-		return zero, err
+		return zero, outcomeError, err
 	}
 	sql := st.Keys.Insert
 	if v == verdictRunExpired {
@@ -143,12 +207,21 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 	}
 	args := []any{key.Scope, key.ID, key.Fingerprint, data, cfg.ttl.Microseconds()}
 	if canDefer {
-		attempt.Queue(txctl.Deferred{SQL: sql, Args: args, MapErr: func(err error) error { return storeError(key, err) }})
+		attempt.Queue(txctl.Deferred{SQL: sql, Args: args, MapErr: func(err error) error {
+			err = storeError(key, err)
+			if outcomeOf(err) == outcomeRace {
+				// Found at COMMIT, after Do returned: counted here.
+				tel.DoOutcomes.Add(context.WithoutCancel(ctx), 1, outcomeSets[outcomeRace])
+			}
+			return err
+		}})
 		attempt.SetMemo(memo, memoEntry{fingerprint: key.Fingerprint, result: data})
 	} else if _, err := t.Exec(ctx, sql, args...); err != nil {
-		return zero, storeError(key, err)
+		err = storeError(key, err)
+		return zero, outcomeOf(err), err
 	}
-	return decodeResult[T](key, data)
+	out, err = decodeResult[T](key, data)
+	return out, outcomeRun, err
 }
 
 // lostCommitWait bounds how long a rerun after a lost COMMIT waits for the lost attempt's

@@ -2,9 +2,12 @@ package idem
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultTTL is how long a completed key is remembered when no [TTL] option is given.
@@ -27,6 +30,10 @@ type config struct {
 	maxTries   int
 	optimistic bool
 	backoff    []time.Duration // min, max for Run's retries; nil: tx.Run's default
+
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+	log            *slog.Logger
 
 	reapMax       int64
 	reapBusy      float64
@@ -232,4 +239,41 @@ func Backoff(min, max time.Duration) Option {
 		}
 		c.backoff = []time.Duration{min, max}
 	}
+}
+
+// TracerProvider sets where [Do], [Run] and [Reap] send their spans; nil, or no option, means the
+// global provider (otel.GetTracerProvider), which discards them until the application installs
+// an SDK. Do's span is "idem.Do", with the attributes idem.scope and idem.outcome (run, replay,
+// in_flight, mismatch, race, invalid, error); keys are never recorded, since a client may reuse
+// a secret as one.
+//
+//	idem.Do(ctx, tx, key, fn, idem.TracerProvider(tp))
+func TracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tracerProvider = tp }
+}
+
+// MeterProvider sets where [Do], [Run] and [Reap] send their metrics; nil, or no option, means
+// the global provider (otel.GetMeterProvider). Metrics: idem.do.outcomes (a counter by
+// idem.outcome), idem.do.duration (a histogram, seconds, by idem.outcome), idem.reaped (a
+// counter by idem.what: do or run).
+//
+//	idem.Do(ctx, tx, key, fn, idem.MeterProvider(mp))
+func MeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.meterProvider = mp }
+}
+
+// Logger sets where [Reap] logs each batch it deletes (at debug level: what, how many, how
+// long); nil, or no option, means slog.Default(). Do and Run log nothing: they return what
+// happened to their caller.
+//
+//	n, err := idem.Reap(ctx, pool, idem.Logger(logger))
+func Logger(l *slog.Logger) Option {
+	return func(c *config) { c.log = l }
+}
+
+func (c *config) logger() *slog.Logger {
+	if c.log != nil {
+		return c.log
+	}
+	return slog.Default()
 }

@@ -8,9 +8,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -63,20 +68,32 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 		return 0, errors.New("idem: Reap needs a database; db is nil")
 	}
 	st := store.For(cfg.schema)
-	r := &reaper{db: db, cfg: cfg, batch: 500}
+	tel := telemetry.For(cfg.tracerProvider, cfg.meterProvider)
+	ctx, span := tel.Tracer.Start(ctx, "idem.Reap", trace.WithSpanKind(trace.SpanKindInternal))
+	defer span.End()
+	r := &reaper{db: db, cfg: cfg, batch: 500, what: "do"}
 	keys, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
 		tag, err := db.Exec(ctx, st.Reap.Keys, limit)
 		return tag.RowsAffected(), err
 	})
-	if err != nil {
-		return keys, err
+	tel.Reaped.Add(ctx, keys, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("do"))))
+	var runs int64
+	if err == nil {
+		r.batch, r.what = 100, "run" // runs take their steps with them: start smaller
+		runs, err = r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
+			var n int64
+			err := db.QueryRow(ctx, st.Reap.Runs, limit).Scan(&n)
+			return n, err
+		})
+		tel.Reaped.Add(ctx, runs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("run"))))
 	}
-	r.batch = 100 // runs take their steps with them: start smaller
-	runs, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
-		var n int64
-		err := db.QueryRow(ctx, st.Reap.Runs, limit).Scan(&n)
-		return n, err
-	})
+	if span.IsRecording() {
+		span.SetAttributes(attribute.Int64("idem.reaped.do", keys), attribute.Int64("idem.reaped.run", runs))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
 	return keys + runs, err
 }
 
@@ -85,6 +102,7 @@ type reaper struct {
 	cfg   *config
 	batch int
 	total int64
+	what  string // "do" or "run", for the log
 }
 
 const (
@@ -115,6 +133,7 @@ func (r *reaper) drain(ctx context.Context, del func(ctx context.Context, limit 
 		}
 		deleted += n
 		r.total += n
+		r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", r.what, "keys", n, "limit", limit, "took", took)
 		if n < int64(limit) {
 			return deleted, nil
 		}

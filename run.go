@@ -5,7 +5,10 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -59,12 +62,25 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 	if cfg.backoff != nil {
 		txOpts = append(txOpts, tx.Backoff(cfg.backoff[0], cfg.backoff[1]))
 	}
-	var out T
+	ctx, span := telemetry.For(cfg.tracerProvider, cfg.meterProvider).Tracer.Start(ctx, "idem.Run", trace.WithSpanKind(trace.SpanKindInternal))
+	defer span.End()
+	var (
+		out      T
+		attempts int
+	)
 	err := tx.Run(ctx, db, func(ctx context.Context, t pgx.Tx) error {
+		attempts++
 		var err error
 		out, err = Do(ctx, t, key, fn, opts...)
 		return err
 	}, txOpts...)
+	if span.IsRecording() {
+		span.SetAttributes(telemetry.Scope.String(key.Scope), telemetry.Attempts.Int(attempts), telemetry.Outcome.String(outcomeOf(err)))
+		if outcomeOf(err) == outcomeError {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
 	if err != nil {
 		return zero, err
 	}

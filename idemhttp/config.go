@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/tx"
@@ -151,9 +153,20 @@ type Config struct {
 	// [DefaultProblemTypeBase].
 	ProblemTypeBase string
 
-	// Logger receives server-side errors (a store failure, a misconfiguration). Default:
-	// slog.Default().
+	// Logger receives server-side errors (a misconfiguration, a failed transaction) and, at
+	// warn level, what clients cannot see: the store unavailable, a race for a key that
+	// survived every retry. Default: slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider receives a span per guarded request, "idemhttp.request" (attributes
+	// idem.outcome: run, replay, in_flight, mismatch, refused, error, unavailable;
+	// idem.replayed; http.response.status_code), with idem.Do's span inside it. Default: the
+	// global provider, which discards spans until the application installs an SDK.
+	TracerProvider trace.TracerProvider
+
+	// MeterProvider receives idem.Do's metrics for the guarded requests (see
+	// idem.MeterProvider). Default: the global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // KeyPolicy says whether a route requires an idempotency key.
@@ -313,7 +326,7 @@ func (s *settings) storeOptions() error {
 	if c.InFlightRetryAfter == 0 {
 		c.InFlightRetryAfter = time.Second
 	}
-	s.keyOpts = append(s.keyOpts, idem.RetryAfter(c.InFlightRetryAfter))
+	s.keyOpts = append(s.keyOpts, idem.RetryAfter(c.InFlightRetryAfter), idem.TracerProvider(c.TracerProvider), idem.MeterProvider(c.MeterProvider))
 	if c.Schema != "" {
 		s.keyOpts = append(s.keyOpts, idem.Schema(c.Schema))
 	}

@@ -10,8 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -179,6 +182,19 @@ var (
 )
 
 func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Handler, rt route, key idem.Key, body []byte) {
+	ctx, span := telemetry.For(m.cfg.TracerProvider, nil).Tracer.Start(r.Context(), "idemhttp.request", trace.WithSpanKind(trace.SpanKindInternal))
+	defer span.End()
+	r = r.WithContext(ctx)
+	outcome, status := "error", 0
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(telemetry.Outcome.String(outcome), telemetry.Replayed.Bool(outcome == "replay"),
+				telemetry.HTTPCode.Int(status), telemetry.Scope.String(key.Scope))
+			if outcome == "error" || outcome == "unavailable" {
+				span.SetStatus(codes.Error, outcome)
+			}
+		}
+	}()
 	var (
 		out   StoredResponse
 		fresh *recorder // the handler's response, when this request's attempt stored it
@@ -209,8 +225,10 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 	var inFlight *idem.InFlightError
 	switch {
 	case err == nil && fresh != nil:
+		outcome, status = "run", fresh.status
 		writeResponse(w, fresh.status, fresh.sent, fresh.body.Bytes())
 	case err == nil:
+		outcome, status = "replay", out.Status
 		h := out.Header.Clone()
 		if h == nil {
 			h = make(http.Header)
@@ -218,25 +236,38 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 		h.Set(m.cfg.ReplayedHeader, "true")
 		writeResponse(w, out.Status, h, out.Body)
 	case errors.Is(err, errNotStorable):
+		outcome, status = "run", last.status
 		writeResponse(w, last.status, last.sent, last.body.Bytes())
 	case errors.Is(err, errStreamed):
+		outcome, status = "refused", http.StatusInternalServerError
 		m.writeProblem(w, problemStreaming, 0, 0, "The handler tried to stream its response, which cannot be done under an idempotency key; nothing was stored or committed. Retry without the key, or ask the API owner.")
 	case errors.Is(err, errRespTooBig):
+		outcome, status = "refused", http.StatusInternalServerError
 		m.writeProblem(w, problemTooLarge, 0, 0, fmt.Sprintf("The response was larger than %d bytes, too large to store; nothing was committed. This is a server limit.", m.cfg.MaxResponseBytes))
 	case errors.As(err, &inFlight):
+		outcome, status = "in_flight", http.StatusConflict
+		if inFlight.Race {
+			// Each attempt lost the race to a duplicate that committed after it looked: the
+			// client sees a 409 and retries, but this should not happen on every attempt.
+			m.cfg.Logger.WarnContext(r.Context(), "idemhttp: a race for the key survived every retry of the transaction", "scope", key.Scope, "error", err)
+		}
 		m.writeProblem(w, problemInFlight, 0, max(inFlight.RetryAfter, 1), "A request with this idempotency key is still being processed. Retry after the time in Retry-After with the same key to get its response.")
 	case errors.Is(err, idem.ErrMismatch):
+		outcome, status = "mismatch", m.cfg.MismatchStatus
 		m.writeProblem(w, problemMismatch, m.cfg.MismatchStatus, 0, fmt.Sprintf("This %s was already used for a different request (method, path, query, content type or body differ). Use a new key for a new request.", m.cfg.KeyHeader))
 	case abortedTx(err) && last != nil && last.status >= 400 && last.status < 500:
 		// The handler turned a failed statement into a client error (a unique violation into
 		// 409, say). The failed transaction cannot store it; send it unstored, like a 5xx.
+		outcome, status = "run", last.status
 		writeResponse(w, last.status, last.sent, last.body.Bytes())
 	case abortedTx(err):
-		m.cfg.Logger.ErrorContext(r.Context(), "idemhttp: handler answered success after a statement in its transaction failed; nothing was committed", "error", err)
+		outcome, status = "error", http.StatusInternalServerError
+		m.cfg.Logger.ErrorContext(r.Context(), "idemhttp: handler answered success after a statement in its transaction failed; nothing was committed", "scope", key.Scope, "error", err)
 		m.writeProblem(w, problemHandlerTx, 0, 0, "The server's handler reported success but its database transaction had failed, so nothing was committed. Retry with the same key.")
 	default:
+		outcome, status = "unavailable", http.StatusServiceUnavailable
 		if r.Context().Err() == nil {
-			m.cfg.Logger.ErrorContext(r.Context(), "idemhttp: error running guarded request", "key", key.ID, "error", err)
+			m.cfg.Logger.WarnContext(r.Context(), "idemhttp: the idempotency store is unavailable; the request was refused with 503", "scope", key.Scope, "error", err)
 		}
 		m.writeProblem(w, problemUnavailable, 0, m.cfg.UnavailableRetryAfter, "The server could not record this request in its idempotency store, so it did not complete it. Retry after the time in Retry-After with the same key.")
 	}
