@@ -55,7 +55,7 @@ func TestTelemetry(t *testing.T) {
 	for _, s := range spans.GetSpans() {
 		attrs := attribute.NewSet(s.Attributes...)
 		for _, kv := range s.Attributes {
-			require.NotContains(t, kv.Value.Emit(), "secret-looking-key", "keys are never recorded")
+			require.NotContains(t, kv.Value.String(), "secret-looking-key", "keys are never recorded")
 		}
 		if s.Name != "idem.Do" {
 			continue

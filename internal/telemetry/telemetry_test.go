@@ -33,7 +33,8 @@ func BenchmarkDoOverhead(b *testing.B) {
 }
 
 func TestForIsCached(t *testing.T) {
-	if For(nil, nil) != For(nil, nil) {
+	first, second := For(nil, nil), For(nil, nil)
+	if first != second {
 		t.Fatal("For must return the same set for the same providers")
 	}
 }
