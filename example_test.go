@@ -10,20 +10,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/tx"
 )
 
-// examplePool is a pool on a fresh database with idem's tables and an orders table.
+// examplePool is a pool on a fresh database with idem's tables and an orders table. In your own
+// examples and tests, idemtest gives the same: a throwaway, migrated Postgres.
 func examplePool() *pgxpool.Pool {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtemp.NewExampleDB())
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := idem.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
+	pool := idemtest.NewExamplePool(nil)
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, item text)`); err != nil {
 		log.Fatal(err)
 	}
@@ -99,10 +94,7 @@ func ExampleFingerprint() {
 
 func ExampleMigrate() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtemp.NewExampleDB())
-	if err != nil {
-		log.Fatal(err)
-	}
+	pool := idemtest.NewExamplePool(nil) // or pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	defer pool.Close()
 	// Safe at every start, and from many processes at once.
 	for range 2 {
