@@ -181,7 +181,7 @@ func connSource(db Beginner) *conns {
 		return &conns{acquire: func(ctx context.Context) (*pgx.Conn, func(), error) {
 			c, err := d.Acquire(ctx)
 			if err != nil {
-				return nil, nil, fmt.Errorf("error acquiring a connection: %w", err)
+				return nil, nil, fmt.Errorf("tx: error acquiring a connection: %w", err)
 			}
 			return c.Conn(), c.Release, nil
 		}}
@@ -298,7 +298,7 @@ func begin(ctx context.Context, db Beginner, cfg *config) (pgx.Tx, error) {
 	}
 	b, ok := db.(txBeginner)
 	if !ok {
-		return nil, fmt.Errorf("%T has no BeginTx method, so Isolation and ReadOnly cannot be used with it", db)
+		return nil, fmt.Errorf("tx: %T has no BeginTx method, so Isolation and ReadOnly cannot be used with it", db)
 	}
 	return b.BeginTx(ctx, cfg.txOptions())
 }

@@ -136,27 +136,27 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected
 	} else {
 		var err error
 		if d, err = e.cfg.Reconcile(ctx, run); err != nil {
-			return fmt.Errorf("error in reconcile hook for key %q in scope %q: %w", id, scope, err)
+			return fmt.Errorf("workflow: error in reconcile hook for key %q in scope %q: %w", id, scope, err)
 		}
 	}
 
 	var err error
 	switch d.action {
 	case actionNone:
-		return fmt.Errorf("the reconcile hook for key %q in scope %q returned a zero workflow.Decision; return workflow.ResumeLater, workflow.Complete or workflow.Fail", id, scope)
+		return fmt.Errorf("workflow: the reconcile hook for key %q in scope %q returned a zero workflow.Decision; return workflow.ResumeLater, workflow.Complete or workflow.Fail", id, scope)
 	case actionResume:
 		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileResume, scope, id, row.token, d.after.Microseconds())
 	case actionComplete:
 		data, merr := json.Marshal(d.output)
 		if merr != nil {
-			return fmt.Errorf("error encoding the reconcile hook's output of type %T as JSON: %w", d.output, merr)
+			return fmt.Errorf("workflow: error encoding the reconcile hook's output of type %T as JSON: %w", d.output, merr)
 		}
 		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunDone), data, e.cfg.TTL.Microseconds())
 	case actionFail:
 		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunFailed), encodeFailure(d.errorMsg), e.cfg.TTL.Microseconds())
 	}
 	if err != nil {
-		return fmt.Errorf("error storing reconciliation of key %q in scope %q: %w", id, scope, err)
+		return fmt.Errorf("workflow: error storing reconciliation of key %q in scope %q: %w", id, scope, err)
 	}
 	e.log.InfoContext(ctx, "workflow: run reconciled", "workflow", row.workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.attempts)
 	return nil

@@ -100,7 +100,7 @@ func (e *Engine) scan(ctx context.Context) error {
 	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
 		rows, err := t.Query(ctx, e.st.Runs.Scan, e.cfg.ScanBatchSize)
 		if err != nil {
-			return fmt.Errorf("error scanning for runs to resume: %w", err)
+			return fmt.Errorf("workflow: error scanning for runs to resume: %w", err)
 		}
 		params, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (river.InsertManyParams, error) {
 			var a ResumeArgs
@@ -108,13 +108,13 @@ func (e *Engine) scan(ctx context.Context) error {
 			return river.InsertManyParams{Args: a, InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}}}, err
 		})
 		if err != nil {
-			return fmt.Errorf("error scanning for runs to resume: %w", err)
+			return fmt.Errorf("workflow: error scanning for runs to resume: %w", err)
 		}
 		if len(params) == 0 {
 			return nil
 		}
 		if _, err := client.InsertManyTx(ctx, t, params); err != nil {
-			return fmt.Errorf("error inserting resume jobs: %w", err)
+			return fmt.Errorf("workflow: error inserting resume jobs: %w", err)
 		}
 		return nil
 	})
@@ -144,7 +144,7 @@ func (e *Engine) resume(ctx context.Context, scope, id string) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("error looking up run: %w", err)
+		return fmt.Errorf("workflow: error looking up run: %w", err)
 	}
 	if store.RunState(row.state) != store.RunRunning || row.expired == nil || !*row.expired {
 		return nil // finished, or owned by a live process
