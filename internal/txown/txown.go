@@ -131,9 +131,9 @@ func (t *Tx) sendWithBegin(ctx context.Context, sql string, args []any) (pgx.Bat
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		var prep pgx.ErrPreprocessingBatch
-		if errors.As(err, &prep) {
-			// The statement could not be prepared (a missing table, a syntax error): nothing
-			// was sent, and the error is the statement's, not BEGIN's.
+		if errors.As(err, &prep) && IsServerError(err) {
+			// The server refused to prepare the statement (a missing table, a syntax error):
+			// nothing ran, and the error is the statement's, not BEGIN's.
 			return nil, err
 		}
 		return nil, &Unsent{fmt.Errorf("tx: error beginning transaction: %w", err)}
@@ -330,7 +330,7 @@ func (t *Tx) CommitNow(ctx context.Context) error {
 // connection) leaves the COMMIT's outcome unknown: the whole batch was sent, and the server may
 // have run all of it before the answers were lost.
 func (t *Tx) outcome(err error) error {
-	if isServerError(err) {
+	if IsServerError(err) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
@@ -343,9 +343,9 @@ func mapDeferred(d txctl.Deferred, err error) error {
 	return err
 }
 
-// isServerError reports whether Postgres answered with an ERROR, so that the statement, and the
+// IsServerError reports whether Postgres answered with an ERROR, so that the statement, and the
 // transaction, are known to have failed.
-func isServerError(err error) bool {
+func IsServerError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && Severity(pgErr) == "ERROR"
 }
