@@ -39,7 +39,7 @@ type ScanArgs struct{}
 // Kind implements river.JobArgs.
 func (ScanArgs) Kind() string { return "idem_workflow_scan" }
 
-// AddWorkers registers the engine's River workers (resume, scan, and idemriver's reap job) in
+// AddWorkers registers the engine's River workers (resume, wake, scan, and idemriver's reap job) in
 // the application's workers bundle. Run them in the application's own River client: two clients in one schema
 // discard each other's jobs.
 //
@@ -56,6 +56,7 @@ func (e *Engine) AddWorkers(workers *river.Workers) error {
 	return errors.Join(
 		river.AddWorkerSafely[ResumeArgs](workers, &resumeWorker{e: e}),
 		river.AddWorkerSafely[ScanArgs](workers, &scanWorker{e: e}),
+		river.AddWorkerSafely[WakeArgs](workers, &wakeWorker{e: e}),
 		river.AddWorkerSafely[idemriver.ReapArgs](workers, reaper),
 	)
 }
@@ -168,7 +169,7 @@ func (e *Engine) resume(ctx context.Context, scope, id string) error {
 	if err != nil || rs == nil {
 		return err
 	}
-	if _, err := e.execute(ctx, rs, input); err != nil && !errors.Is(err, ErrFailed) {
+	if _, err := e.execute(ctx, rs, input); err != nil && !quietEnd(err) {
 		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", err)
 	}
 	return nil

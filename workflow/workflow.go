@@ -108,6 +108,16 @@ type RunOpts struct {
 	//	var replayed bool
 	//	receipt, err := Payout.Run(ctx, engine, key, req, &workflow.RunOpts{Replayed: &replayed})
 	Replayed *bool
+
+	// Timeout gives a run that this call starts a deadline: Timeout after its start, by
+	// Postgres's clock, stored with the run so that it holds across resumes, sleeps and awaits.
+	// When it passes, the run stops at its next step boundary (a sleeping or awaiting run is
+	// woken for it) and is stored as timed out: this and every later call with its key gets a
+	// *TimedOutError (errors.Is(err, workflow.ErrDeadlineExceeded)). A step in progress is not
+	// interrupted. It applies only when this call starts the run. Default 0: no deadline.
+	//
+	//	_, err := Payout.Run(ctx, engine, key, req, &workflow.RunOpts{Timeout: 24 * time.Hour})
+	Timeout time.Duration
 }
 
 // Run starts the run for key with input in, or continues it, and returns its output.
@@ -155,6 +165,9 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if opts.Wait < 0 {
 		return zero, fmt.Errorf("workflow: RunOpts.Wait cannot be negative (got %s)", opts.Wait)
 	}
+	if opts.Timeout < 0 {
+		return zero, fmt.Errorf("workflow: RunOpts.Timeout cannot be negative (got %s)", opts.Timeout)
+	}
 	if err := e.heldByDo(ctx, w.name, key); err != nil {
 		return zero, err
 	}
@@ -166,7 +179,7 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if fingerprint == nil {
 		fingerprint = idem.Fingerprint("idem.workflow.input", w.name, string(input))
 	}
-	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait)
+	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait, opts.Timeout)
 	if opts.Replayed != nil {
 		*opts.Replayed = replayed
 	}
