@@ -295,3 +295,8 @@ func TestSignalExactlyOnce(t *testing.T) {
 WHERE convert_from(p.output, 'UTF8')::jsonb -> 'signal' = to_jsonb(s.seq)`), "each await's checkpoint names the signal it consumed")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE step = 'open'`))
 }
+
+// inTx runs fn in a transaction of the bundle's pool.
+func (b *testBundle) inTx(fn func(ctx context.Context, t pgx.Tx) error) error {
+	return pgx.BeginFunc(b.ctx, b.pool, func(t pgx.Tx) error { return fn(b.ctx, t) })
+}
