@@ -96,7 +96,7 @@ func TestSleepAcrossSIGKILL(t *testing.T) {
 
 			state, _ := b.state(t, sleepKey)
 			require.Equal(t, "sleeping", state)
-			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'idem_workflow_wake' AND state = 'scheduled'`))
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'idem_workflow_wake' AND state IN ('scheduled', 'available')`))
 			if late {
 				// Nobody is there when the sleep ends: the run passes straight through later.
 				eventually(t, 10*time.Second, "the wake-up time to pass", func() bool {

@@ -45,6 +45,29 @@ type WakeArgs struct {
 // Kind implements river.JobArgs.
 func (WakeArgs) Kind() string { return "idem_workflow_wake" }
 
+// Hooks gives wake jobs River's insert hook that makes a job due within River's scheduler
+// interval available at once (see wakeSoon).
+func (WakeArgs) Hooks() []rivertype.Hook { return []rivertype.Hook{&wakeSoon{}} }
+
+// schedulerLookAhead is River's scheduler interval (5s, not configurable in River v0.51): the
+// scheduler moves scheduled jobs due within it to available, and producers then fetch them when
+// they are due. A job inserted after the scheduler's last pass and due before its next waited for
+// that pass, up to 5s late.
+const schedulerLookAhead = 5 * time.Second
+
+// wakeSoon inserts a wake job that is due within schedulerLookAhead as available, as the
+// scheduler would have made it: producers still fetch it only once scheduled_at has passed (by
+// Postgres's clock), at their next poll (FetchPollInterval), so a short sleep wakes within that
+// poll instead of within the scheduler's interval.
+type wakeSoon struct{ river.HookDefaults }
+
+func (*wakeSoon) InsertBegin(_ context.Context, p *rivertype.JobInsertParams) error {
+	if p.State == rivertype.JobStateScheduled && p.ScheduledAt != nil && time.Until(*p.ScheduledAt) < schedulerLookAhead {
+		p.State = rivertype.JobStateAvailable
+	}
+	return nil
+}
+
 // waitRow is the run as a wait step's transaction locked it.
 type waitRow struct {
 	now      int64  // Postgres's clock, µs
