@@ -121,8 +121,9 @@ ALTER TABLE idem_runs
     ADD COLUMN wake_at   timestamptz,
     ADD COLUMN deadline  timestamptz;
 
--- Waiting runs by wake-up time, for operators and for finding runs whose wake-up is overdue.
-CREATE INDEX idem_runs_wake ON idem_runs (wake_at) WHERE state IN ('sleeping', 'awaiting');
+-- Waiting runs by when they are due (wake-up or deadline, whichever comes first), for operators
+-- and for the recovery scan, which wakes runs whose wake-up job is overdue.
+CREATE INDEX idem_runs_wake ON idem_runs ((least(wake_at, deadline))) WHERE state IN ('sleeping', 'awaiting');
 
 -- A run's mailbox: signals sent to it, kept until an await consumes them, each once, in the
 -- order they were sent (seq). dedupe_id makes a signal delivered twice (a webhook retried by its

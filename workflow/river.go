@@ -88,7 +88,9 @@ type scanWorker struct {
 	e *Engine
 }
 
-func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error { return w.e.scan(ctx) }
+func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error {
+	return errors.Join(w.e.scan(ctx), w.e.scanOverdue(ctx))
+}
 
 // scan inserts a resume job for each run whose lease expired, in the transaction that holds
 // those runs with FOR UPDATE SKIP LOCKED: a run is either handed to a job or left for the next

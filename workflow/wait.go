@@ -39,7 +39,7 @@ type WakeArgs struct {
 	ID         string `json:"id"`
 	Generation int64  `json:"generation"` // the run's creation time in µs: a reused key is a new run
 	Seq        int    `json:"seq"`        // the waiting step's position
-	Reason     string `json:"reason"`     // "timer" or "signal", for operators
+	Reason     string `json:"reason"`     // "timer", "signal" or "scan", for operators
 }
 
 // Kind implements river.JobArgs.
@@ -170,9 +170,10 @@ func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *waitRow, state sto
 	return nil
 }
 
-// signalWakeOpts make the wake jobs of signals to one waiting step one job while it has not
-// run: a burst of signals wakes the run once, and the run takes the others from its mailbox.
-// Completed jobs are left out of the uniqueness, so a finished wake never swallows a new one.
+// signalWakeOpts make the wake jobs of signals (or of the scan) to one waiting step one job
+// while it has not run: a burst of signals wakes the run once, and the run takes the others from
+// its mailbox. Completed jobs are left out of the uniqueness, so a finished wake never swallows
+// a new one.
 func (e *Engine) signalWakeOpts() *river.InsertOpts {
 	return &river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
 		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
@@ -253,4 +254,35 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 // outcome, or a wait.
 func quietEnd(err error) bool {
 	return errors.Is(err, ErrFailed) || errors.Is(err, ErrCancelled) || errors.Is(err, ErrDeadlineExceeded) || errors.Is(err, idem.ErrInFlight)
+}
+
+// scanOverdue inserts a wake job for each waiting run that has been due for longer than a scan
+// interval: its own wake job should have woken it by then, so it was lost (deleted by hand,
+// discarded by River after failing) or River is far behind. The jobs are unique while they
+// wait, so a late River gets one extra job per run, which does nothing if the run's own job
+// comes first.
+func (e *Engine) scanOverdue(ctx context.Context) error {
+	client, err := e.riverClient(ctx)
+	if err != nil {
+		return err
+	}
+	rows, err := e.db.Query(ctx, e.st.Waits.Overdue, e.cfg.ScanBatchSize, e.cfg.ScanInterval.Microseconds())
+	if err != nil {
+		return fmt.Errorf("workflow: error scanning for overdue waiting runs: %w", err)
+	}
+	params, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (river.InsertManyParams, error) {
+		a := WakeArgs{Reason: "scan"}
+		err := r.Scan(&a.Scope, &a.ID, &a.Generation, &a.Seq)
+		return river.InsertManyParams{Args: a, InsertOpts: e.signalWakeOpts()}, err
+	})
+	if err != nil {
+		return fmt.Errorf("workflow: error scanning for overdue waiting runs: %w", err)
+	}
+	if len(params) == 0 {
+		return nil
+	}
+	if _, err := client.InsertMany(ctx, params); err != nil {
+		return fmt.Errorf("workflow: error inserting wake jobs for overdue runs: %w", err)
+	}
+	return nil
 }

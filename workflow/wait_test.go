@@ -2,11 +2,12 @@ package workflow_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -130,6 +131,31 @@ func TestSleep(t *testing.T) {
 	})
 }
 
+// TestLostWakeJob deletes a sleeping run's wake job: the recovery scan wakes the run once it is
+// overdue by a scan interval.
+func TestLostWakeJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := newSleeper()
+	e := b.engine(t, fastConfig(wf))
+	// A client that inserts the wake job and works nothing, until the job is gone.
+	workers := river.NewWorkers()
+	require.NoError(t, e.AddWorkers(workers))
+	idle, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{Workers: workers, Logger: quietLogger()})
+	require.NoError(t, err)
+	e.SetClient(idle)
+	_, err = wf.Run(b.ctx, e, waitKey("lost"), 300, nil)
+	require.ErrorIs(t, err, idem.ErrInFlight)
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM river_job WHERE kind = 'idem_workflow_wake'`)
+	require.NoError(t, err)
+
+	b.startRiver(t, e)
+	out, err := runUntilDone(t, b, wf, e, waitKey("lost"), 300)
+	require.NoError(t, err)
+	require.Equal(t, "rested", out)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'idem_workflow_wake' AND args->>'reason' = 'scan'`))
+}
+
 func TestDeadline(t *testing.T) {
 	t.Parallel()
 
@@ -208,4 +234,3 @@ func TestDeadline(t *testing.T) {
 	})
 }
 
-var _ = errors.New

@@ -39,6 +39,11 @@ type WaitStatements struct {
 	// duplicate or a refused signal); no row when the run is unknown.
 	Signal string
 
+	// Overdue finds waiting runs due for longer than $2 µs, whose wake-up job should have run by
+	// then (it was lost, or River is far behind). $1 limit. Returns scope, id, created_at µs,
+	// wait_seq.
+	Overdue string
+
 	// SetEvent publishes a run's value under a name; the last write wins.
 	// $1 scope, $2 id, $3 name, $4 value.
 	SetEvent string
@@ -94,6 +99,10 @@ WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 SELECT run.state, run.state = 'awaiting' AND run.wait_name IS NOT DISTINCT FROM $3, coalesce(run.wait_seq, 0), run.created,
 	(SELECT seq FROM sig)
 FROM run`),
+
+		Overdue: t.render(`SELECT scope, id, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0)
+FROM {runs} WHERE state IN ('sleeping', 'awaiting') AND least(wake_at, deadline) <= now() - $2::int8 @us
+ORDER BY least(wake_at, deadline) LIMIT $1`),
 
 		SetEvent: t.render(`INSERT INTO {events} (scope, id, name, value) VALUES ($1, $2, $3, $4)
 ON CONFLICT (scope, id, name) DO UPDATE SET value = excluded.value, updated_at = now()`),
