@@ -233,4 +233,3 @@ func TestDeadline(t *testing.T) {
 		require.ErrorContains(t, err, "RunOpts.Timeout cannot be negative")
 	})
 }
-
