@@ -96,3 +96,36 @@ func TestEvent(t *testing.T) {
 		require.ErrorIs(t, err, workflow.ErrEventNotSet)
 	})
 }
+
+// TestReapDeletesSignalsAndEvents checks that a reaped run takes its mailbox and its events
+// with it, so that a new run under the same key starts empty.
+func TestReapDeletesSignalsAndEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := newPublisher()
+	cfg := fastConfig(wf)
+	cfg.TTL = time.Second
+	e := b.engine(t, cfg)
+	b.startRiver(t, e)
+	key := waitKey("reaped")
+	_, err := wf.Run(b.ctx, e, key, 0, nil)
+	require.ErrorIs(t, err, idem.ErrInFlight)
+	for _, name := range []string{"go", "unread"} {
+		require.NoError(t, b.inTx(func(ctx context.Context, t pgx.Tx) error {
+			_, err := e.SignalTx(ctx, t, key, name, nil, nil)
+			return err
+		}))
+	}
+	_, err = runUntilDone(t, b, wf, e, key, 0)
+	require.NoError(t, err)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_signals`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_events`))
+
+	eventually(t, 20*time.Second, "the run to be reaped", func() bool {
+		_, err := workflow.Reap(b.ctx, e)
+		require.NoError(t, err)
+		return b.count(t, `SELECT count(*) FROM idem_runs`) == 0
+	})
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_signals`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_events`))
+}

@@ -67,15 +67,6 @@ func (b *testBundle) signal(t *testing.T, e *workflow.Engine, key idem.Key, payl
 	return res
 }
 
-// waitState waits for the run to be in state.
-func (b *testBundle) waitState(t *testing.T, key idem.Key, state string) {
-	t.Helper()
-	eventually(t, 20*time.Second, "run "+key.ID+" to be "+state, func() bool {
-		s, _ := b.state(t, key)
-		return s == state
-	})
-}
-
 func TestSignal(t *testing.T) {
 	t.Parallel()
 

@@ -130,6 +130,10 @@ type RunOpts struct {
 //     waits and then returns the result.
 //   - In progress, but its owner died (the lease expired): this call takes the run over and
 //     continues it from its last completed step.
+//   - Waiting (steps.Sleep, steps.Await), now or after this call got it there: idem.ErrInFlight.
+//     A River job continues the run when its wait ends; with RunOpts.Wait, Run waits for the
+//     outcome.
+//   - Timed out (RunOpts.Timeout): a *TimedOutError, as every retry gets.
 //   - Same key with a different input, or a different workflow, or a key of idem.Do:
 //     idem.ErrMismatch. The input's fingerprint is key.Fingerprint if set, else a digest of the
 //     workflow's name and the input's JSON.
