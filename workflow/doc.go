@@ -64,13 +64,17 @@
 // The River configuration this needs:
 //
 //   - Workers: the application's *river.Workers, after engine.AddWorkers(workers).
+//
 //   - PeriodicJobs: include engine.PeriodicJobs(). Periodic jobs run on River's elected leader,
 //     so keep leader election enabled on at least one client that has the engine's workers.
+//
 //   - Queues: include Config.Queue (river.QueueDefault unless set), with enough MaxWorkers for
 //     the runs that may be resumed at once: a resume job works as long as its workflow runs.
+//
 //   - JobTimeout: any; the resume worker sets its own timeout to none, since the lease, not
 //     River, tells whether a run is alive. RescueStuckJobsAfter: any; a rescued resume job finds
 //     the run's lease live and ends.
+//
 //   - engine.SetClient(client) once the client exists, for steps.Enqueue outside River workers.
 //
 //   - FetchCooldown and FetchPollInterval: River's defaults (100 ms, 1 s) bound how soon a job
