@@ -195,9 +195,9 @@ func (s *server) guard(ctx context.Context, m *method, req proto.Message, handle
 			}
 			fresh = o
 			return rec, nil
-		}, s.cfg.KeyOptions...)
+		}, s.cfg.keyOpts...)
 		return err
-	}, s.cfg.TxOptions...)
+	}, s.cfg.txOpts...)
 
 	var (
 		inFlight *idem.InFlightError
