@@ -152,12 +152,12 @@ func ExampleWorkflow_Run_wait() {
 	pool := examplePool(ctx)
 	defer pool.Close()
 
-	started := make(chan struct{})
+	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	slow := workflow.Define("slow", func(ctx context.Context, n int) (int, error) {
 		return steps.Call(ctx, "compute", func(ctx context.Context, key string) (int, error) {
 			once.Do(func() { close(started) })
-			time.Sleep(200 * time.Millisecond)
+			<-release // a slow outside call
 			return n * 2, nil
 		}, nil)
 	})
@@ -173,6 +173,7 @@ func ExampleWorkflow_Run_wait() {
 	var inflight *idem.InFlightError
 	fmt.Println(errors.As(err, &inflight))
 
+	time.AfterFunc(100*time.Millisecond, func() { close(release) })
 	n, err := slow.Run(ctx, engine, key, 21, &workflow.RunOpts{Wait: 5 * time.Second})
 	fmt.Println(n, err)
 	// Output:
