@@ -134,12 +134,12 @@ func (s *stepSpan) retry(ctx context.Context, attempt int, err error) {
 	}
 }
 
-// end ends the step's span: attempts is how many attempts ran in this process (0 for a step
-// replayed from the history).
-func (s *stepSpan) end(attempts int, err error) {
+// end ends the step's span: attempt is the number of its last attempt in this process (0 for a
+// step replayed from the history).
+func (s *stepSpan) end(attempt int, err error) {
 	if s.span.IsRecording() {
-		if attempts > 0 {
-			s.span.SetAttributes(telemetry.Attempts.Int(attempts))
+		if attempt > 0 {
+			s.span.SetAttributes(telemetry.Attempt.Int(attempt))
 		}
 		if err != nil {
 			s.span.SetStatus(codes.Error, err.Error())
