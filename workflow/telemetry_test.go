@@ -88,7 +88,7 @@ func TestTelemetry(t *testing.T) {
 			request = s
 		}
 		for _, kv := range s.Attributes {
-			require.NotContains(t, kv.Value.Emit(), key.ID, "keys are never recorded (span %s)", s.Name)
+			require.NotContains(t, kv.Value.String(), key.ID, "keys are never recorded (span %s)", s.Name)
 		}
 	}
 	require.True(t, request.SpanContext.IsValid(), "otelhttp span is missing; spans: %v", keys(byName))
@@ -198,7 +198,7 @@ func TestTraceparentStoredWithStartTx(t *testing.T) {
 func attr(s tracetest.SpanStub, key string) string {
 	set := attribute.NewSet(s.Attributes...)
 	v, _ := set.Value(attribute.Key(key))
-	return v.Emit()
+	return v.String()
 }
 
 // sums adds up an int64 counter's points by the values of the given attributes, joined by "/".
@@ -216,7 +216,7 @@ func sums(rm metricdata.ResourceMetrics, name string, keys ...string) map[string
 					if i > 0 {
 						label += "/"
 					}
-					label += v.Emit()
+					label += v.String()
 				}
 				out[label] += dp.Value
 			}
@@ -238,7 +238,7 @@ func gauge(t *testing.T, reader *sdkmetric.ManualReader, name string) map[string
 			}
 			for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
 				v, _ := dp.Attributes.Value("idem.state")
-				out[v.Emit()] += dp.Value
+				out[v.String()] += dp.Value
 			}
 		}
 	}
