@@ -13,24 +13,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/workflow"
 )
 
-// startRiver migrates River's tables and starts a client that works engine's jobs, with the
-// settings the README recommends for workflows that wait; it returns a function that stops it.
+// startRiver starts a River client that works engine's jobs, with the settings the README
+// recommends for workflows that wait; it returns a function that stops it.
 func startRiver(ctx context.Context, pool *pgxpool.Pool, engine *workflow.Engine) func() {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: quiet})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		log.Fatal(err)
-	}
 	workers := river.NewWorkers()
 	if err := engine.AddWorkers(workers); err != nil {
 		log.Fatal(err)
@@ -52,10 +45,20 @@ func startRiver(ctx context.Context, pool *pgxpool.Pool, engine *workflow.Engine
 	return func() { _ = client.Stop(ctx) }
 }
 
+// riverPool returns a pool on a fresh database with idem's and River's tables and an orders
+// table.
+func riverPool(ctx context.Context) *pgxpool.Pool {
+	pool := idemtest.NewExamplePool(&idemtest.Opts{River: true})
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	return pool
+}
+
 // Sleep gives the run's goroutine and lease back; a River job wakes it at its time.
 func ExampleSleep() {
 	ctx := context.Background()
-	pool := examplePool(ctx)
+	pool := riverPool(ctx)
 	defer pool.Close()
 
 	nap := workflow.Define("nap", func(ctx context.Context, d time.Duration) (string, error) {
@@ -83,7 +86,7 @@ func ExampleSleep() {
 // Await returns a signal sent before the run got there at once, and branches on a timeout.
 func ExampleAwait() {
 	ctx := context.Background()
-	pool := examplePool(ctx)
+	pool := riverPool(ctx)
 	defer pool.Close()
 
 	type Approval struct {
