@@ -10,9 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
 )
 
 // A waiting run (a sleep, an await) holds nothing: its wait step commits, in one transaction,
@@ -240,13 +242,20 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 		return fmt.Errorf("workflow: error waking run: %w", err)
 	}
 	rs.setClock(now, deadline)
+	// A wake-up is a resume: its span joins the trace that started the run.
+	ctx, span := e.startResumeSpan(ctx, trace, telemetry.Workflow.String(name), telemetry.Scope.String(a.Scope),
+		telemetry.Attempts.Int(rs.attempt), attribute.String("idem.wake", a.Reason))
+	e.countResume(ctx, name, "wake")
 	// The run is ours from here; an error leaves it to its lease and the recovery scan.
 	if rs.history, err = e.history(ctx, a.Scope, a.ID); err != nil {
+		endSpan(span, "stopped", err)
 		return err
 	}
-	if _, err := e.execute(ctx, rs, input); err != nil && !quietEnd(err) {
+	_, err = e.execute(ctx, rs, input)
+	if err != nil && !quietEnd(err) {
 		e.log.WarnContext(ctx, "workflow: woken run stopped before its end", "workflow", name, "scope", a.Scope, "id", a.ID, "error", err)
 	}
+	endSpan(span, runOutcome(err, false), nil)
 	return nil
 }
 
