@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -59,7 +60,9 @@ func envInt(name string, def int) int {
 // BenchmarkWaitingRuns starts IDEM_WAITING_RUNS runs (default 10,000), half of them sleeping an
 // hour and half awaiting a signal, and reports what they hold once all are waiting: goroutines
 // beyond those before the runs, pool connections in use, River jobs running. It runs once,
-// whatever b.N.
+// whatever b.N. IDEM_DUMP_GOROUTINES=1 prints the goroutines at the end, to see whose the few
+// that remain are (River's leader-only maintenance services, which start after the count
+// before the runs, and the pool's health check: none per run).
 //
 //	go test -run '^$' -bench WaitingRuns -benchtime 1x ./workflow/
 func BenchmarkWaitingRuns(b *testing.B) {
@@ -108,6 +111,9 @@ func BenchmarkWaitingRuns(b *testing.B) {
 	waiting := tb.count(b, `SELECT count(*) FROM idem_runs WHERE state IN ('sleeping', 'awaiting') AND lease_token IS NULL`)
 	require.Equal(b, n, waiting)
 	b.ReportMetric(float64(runtime.NumGoroutine()-before), "goroutines")
+	if os.Getenv("IDEM_DUMP_GOROUTINES") != "" {
+		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+	}
 	b.ReportMetric(float64(tb.pool.Stat().AcquiredConns()), "conns-in-use")
 	b.ReportMetric(float64(tb.count(b, `SELECT count(*) FROM river_job WHERE state = 'running'`)), "running-jobs")
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "runs-suspended/s")
