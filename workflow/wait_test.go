@@ -102,6 +102,33 @@ func TestSleep(t *testing.T) {
 		require.Equal(t, 1, out)
 	})
 
+	t.Run("WokenEarlySleepsAgainUntilTheSameTime", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		wf := newSleeper()
+		e := b.engine(t, fastConfig(wf))
+		client := b.startRiver(t, e)
+		_, err := wf.Run(b.ctx, e, waitKey("s5"), int(time.Hour/time.Millisecond), nil)
+		require.ErrorIs(t, err, idem.ErrInFlight)
+		var created, wakeAt int64
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (extract(epoch FROM created_at) * 1000000)::int8,
+	(extract(epoch FROM wake_at) * 1000000)::int8 FROM idem_runs`).Scan(&created, &wakeAt))
+		// A wake job for any step: the run is taken, replays its sleep, and sleeps again.
+		_, err = client.Insert(b.ctx, workflow.WakeArgs{Scope: "merchant:7", ID: "s5", Generation: created, Reason: "test"}, nil)
+		require.NoError(t, err)
+		eventually(t, 20*time.Second, "the run to be woken and sleep again", func() bool {
+			return b.count(t, `SELECT count(*) FROM idem_runs WHERE state = 'sleeping' AND attempts = 0 AND updated_at > created_at + interval '1 millisecond'
+	AND (SELECT count(*) FROM river_job WHERE kind = 'idem_workflow_wake' AND state = 'completed') = 1`) == 1
+		})
+		var again int64
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (extract(epoch FROM wake_at) * 1000000)::int8 FROM idem_runs`).Scan(&again))
+		require.Equal(t, wakeAt, again, "the wake-up is the stored one, not a new hour")
+		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'idem_workflow_wake' AND args->>'reason' = 'timer'`),
+			"sleeping again scheduled a wake-up again")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM effects WHERE step = 'after'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_steps WHERE kind = 'sleep'`))
+	})
+
 	t.Run("StaleWakeJobsDoNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -176,6 +203,24 @@ func TestDeadline(t *testing.T) {
 		require.Equal(t, "d1", timedOut.ID)
 		require.Zero(t, b.count(t, `SELECT count(*) FROM effects WHERE step = 'after'`))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE lease_token IS NULL AND expires_at IS NOT NULL`))
+	})
+
+	t.Run("DuringAnAwait", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		wf := newAwaiter(nil)
+		e := b.engine(t, fastConfig(wf))
+		b.startRiver(t, e)
+		req := awaitReq{Count: 1} // no timeout of its own
+		_, err := wf.Run(b.ctx, e, waitKey("d5"), req, &workflow.RunOpts{Timeout: time.Second})
+		require.ErrorIs(t, err, idem.ErrInFlight)
+		require.Equal(t, "timed_out", b.waitFinished(t, waitKey("d5")))
+		require.ErrorIs(t, b.inTx(func(ctx context.Context, t pgx.Tx) error {
+			_, err := e.SignalTx(ctx, t, waitKey("d5"), "tick", "too late", nil)
+			return err
+		}), workflow.ErrRunFinished)
+		_, err = wf.Run(b.ctx, e, waitKey("d5"), req, nil)
+		require.ErrorIs(t, err, workflow.ErrDeadlineExceeded)
 	})
 
 	t.Run("AtTheNextStepBoundary", func(t *testing.T) {
