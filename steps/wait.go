@@ -18,9 +18,9 @@ import (
 //		return Receipt{}, err
 //	}
 //
-// The run wakes within River's fetch interval of the time, and within its scheduler's interval
-// (5s) for sleeps that short; see the README. A d of 0 or less is a checkpoint that does not
-// wait.
+// The run wakes at its time by Postgres's clock, never before, and late by about River's
+// FetchPollInterval (plus however long River's workers are busy); see the README for the
+// settings. A d of 0 or less is a checkpoint that does not wait.
 func Sleep(ctx context.Context, name string, d time.Duration) error {
 	return workflow.SleepStep(ctx, name, d, time.Time{})
 }
