@@ -26,19 +26,23 @@ import (
 // startRecommendedRiver starts a River client with the settings the README recommends for
 // workflows that wait: fetches (and insert notifications, which River throttles by the same
 // setting) every 10ms rather than 100ms, and a poll for due scheduled jobs every 100ms rather
-// than every second.
+// than every second. IDEM_RIVER_DEFAULTS=1 leaves River's defaults instead, for comparison.
 func (b *testBundle) startRecommendedRiver(t testing.TB, e *workflow.Engine) *river.Client[pgx.Tx] {
 	t.Helper()
 	workers := river.NewWorkers()
 	require.NoError(t, e.AddWorkers(workers))
-	client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{
+	cfg := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 100}},
 		Workers:           workers,
 		PeriodicJobs:      e.PeriodicJobs(),
 		FetchCooldown:     10 * time.Millisecond,
 		FetchPollInterval: 100 * time.Millisecond,
 		Logger:            quietLogger(),
-	})
+	}
+	if os.Getenv("IDEM_RIVER_DEFAULTS") == "1" {
+		cfg.FetchCooldown, cfg.FetchPollInterval = 0, 0
+	}
+	client, err := river.NewClient(riverpgxv5.New(b.pool), cfg)
 	require.NoError(t, err)
 	e.SetClient(client)
 	require.NoError(t, client.Start(b.ctx))
