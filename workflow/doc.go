@@ -78,8 +78,8 @@
 //   - engine.SetClient(client) once the client exists, for steps.Enqueue outside River workers.
 //
 //   - FetchCooldown and FetchPollInterval: River's defaults (100 ms, 1 s) bound how soon a job
-//     inserted by StartTx or the scan starts; lower FetchCooldown (say 5 ms) when runs started
-//     with StartTx should start at once, and see below for runs that wait.
+//     inserted by StartTx, the scan or a signal starts; set them to 10 ms and 100 ms when runs
+//     started with StartTx, or woken, should start at once (see below for runs that wait).
 //
 // # Waiting: sleep, signals, events, deadlines
 //
