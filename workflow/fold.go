@@ -258,6 +258,7 @@ func (e *Engine) reload(ctx context.Context, rs *runState) (out []byte, finished
 			return nil, false, fmt.Errorf("workflow: run of key %q in scope %q is gone: %w", rs.id, rs.scope, ErrLeaseLost)
 		}
 		rs.history = nil // the start did not land: run it again
+		rs.startLost = true
 	case store.RunState(*row.state) == store.RunDone:
 		return row.output, true, nil
 	case store.RunState(*row.state) == store.RunFailed:

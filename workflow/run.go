@@ -44,6 +44,7 @@ type runState struct {
 	stopErr      error         // the first error that stopped the run; no step runs after it
 	pendingStart *pendingStart // the run's row, not committed yet (see fold.go)
 	startHeld    bool          // the row is written in the held step's transaction
+	startLost    bool          // a COMMIT that would have written the row was lost (see reload)
 
 	// Owned by the goroutine that runs the workflow function.
 	pending []txctl.Deferred // Call checkpoints waiting for the next transaction
@@ -201,7 +202,8 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 	// round trip; a call with a key that is taken runs the workflow's code up to its first step
 	// (code that must be free of effects, like all the code between steps) before it is
 	// answered.
-	for pass := range 5 {
+	var startLost time.Time // when this call's own start was lost with its COMMIT (see reload)
+	for pass := 0; pass < 5 || (!startLost.IsZero() && time.Since(startLost) < 5*time.Second); pass++ {
 		token := uuid.New()
 		var created int64
 		var (
@@ -223,6 +225,18 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			out, err := e.execute(ctx, rs, input)
 			if !errors.Is(err, errKeyTaken) {
 				return out, false, err
+			}
+			if rs.startLost || !startLost.IsZero() {
+				// The COMMIT that would have started the run never arrived, and the backend
+				// of that transaction may still hold the key's lock while it goes away: the
+				// key is taken by this call's own dead attempt, not by a duplicate. Give the
+				// server a moment to release it, for up to five seconds.
+				if startLost.IsZero() {
+					startLost = time.Now()
+				}
+				if err := backoff.Sleep(ctx, 20*time.Millisecond); err != nil {
+					return nil, false, fmt.Errorf("workflow: gave up waiting for the lock of a lost start: %w", err)
+				}
 			}
 			continue
 		}
