@@ -59,6 +59,7 @@ type Statements struct {
 	Keys   KeyStatements
 	Runs   RunStatements
 	Reap   ReapStatements
+	Admin  AdminStatements
 }
 
 var cache sync.Map // schema -> *Statements
@@ -69,7 +70,7 @@ func For(schema string) *Statements {
 		return s.(*Statements)
 	}
 	t := TablesIn(schema)
-	s := &Statements{Tables: t, Keys: keyStatements(t), Runs: runStatements(t), Reap: reapStatements(t)}
+	s := &Statements{Tables: t, Keys: keyStatements(t), Runs: runStatements(t), Reap: reapStatements(t), Admin: adminStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }
