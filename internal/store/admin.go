@@ -22,7 +22,7 @@ type AdminStatements struct {
 	// KeyWorkflow reads the workflow a key belongs to, NULL for Do's. $1 scope, $2 id.
 	KeyWorkflow string
 
-	// RunGet reads a key and its run. $1 scope, $2 id.
+	// RunGet reads a run. $1 scope, $2 id.
 	RunGet string
 
 	// RunSteps reads a run's steps in order. $1 scope, $2 id.
@@ -71,9 +71,7 @@ WHERE k.scope = $1 AND k.id = $2`),
 
 		KeyWorkflow: t.render(`SELECT workflow FROM {keys} WHERE scope = $1 AND id = $2`),
 
-		RunGet: t.render(`SELECT k.workflow, r.state IS NOT NULL, ` + runColumns + `
-FROM {keys} k LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id
-WHERE k.scope = $1 AND k.id = $2`),
+		RunGet: t.render(`SELECT ` + runColumns + ` FROM {runs} r WHERE r.scope = $1 AND r.id = $2`),
 
 		RunSteps: t.render(`SELECT seq, name, kind, attempts, output, error, created_at FROM {steps}
 WHERE scope = $1 AND id = $2 ORDER BY seq`),
@@ -157,7 +155,7 @@ func (st *Statements) ListRuns(f RunFilter) (string, []any) {
 	if c := f.After; c != nil {
 		where = append(where, "(r.created_at, r.scope, r.id) < ("+ts(c.Created)+", "+arg(c.Scope)+", "+arg(c.ID)+")")
 	}
-	sql := "SELECT " + runColumns + ", (extract(epoch FROM r.created_at) * 1000000)::int8\nFROM " + st.Tables.Runs + " r"
+	sql := "SELECT " + runColumns + "\nFROM " + st.Tables.Runs + " r"
 	if len(where) > 0 {
 		sql += "\nWHERE " + strings.Join(where, " AND ")
 	}
