@@ -168,7 +168,7 @@ func (e *Engine) resume(ctx context.Context, scope, id string) error {
 	if err != nil || rs == nil {
 		return err
 	}
-	if _, err := e.execute(ctx, rs, input); err != nil && !errors.Is(err, ErrFailed) {
+	if _, err := e.execute(ctx, rs, input); err != nil && !errors.Is(err, ErrFailed) && !errors.Is(err, ErrCancelled) {
 		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", err)
 	}
 	return nil
