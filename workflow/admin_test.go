@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,73 @@ func TestRunCancel(t *testing.T) {
 		require.NoError(t, err)
 		b.checkTransfer(t, r)
 		require.Equal(t, 1, b.effects(t, "reserve"), "reserve was replayed, not run again")
+	})
+
+	// The owner is inside charge (a Call: its outside effect happens) when the cancel lands.
+	// The Call's checkpoint waits for the next transaction, settle's, which fails the fence:
+	// neither commits.
+	t.Run("WhileACallRuns", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		at, release := blockAt("in:charge")
+		wf := newTransfer(b.pool, at.hooks)
+		e := b.engine(t, fastConfig(wf))
+		done := make(chan error, 1)
+		go func() {
+			_, err := wf.Run(b.ctx, e, key, req, nil)
+			done <- err
+		}()
+		<-at.reached
+		require.NoError(t, e.RunCancel(b.ctx, key, "stop"))
+		release()
+		require.ErrorIs(t, <-done, workflow.ErrCancelled)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM calls`), "the call that was under way happened")
+		require.Zero(t, b.effects(t, "settle"))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_steps`), "only reserve, from before the cancel")
+		_, err := wf.Run(b.ctx, e, key, req, nil)
+		require.ErrorIs(t, err, workflow.ErrCancelled)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM calls`), "the retry ran nothing")
+	})
+
+	// Cancel and resume of one run at once: they take the run's row in turn, so the run ends
+	// either cancelled or done (never both, never stuck), and its effects happen at most once.
+	t.Run("RacingAResume", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		wf := newTransfer(b.pool, nil)
+		e := b.engine(t, fastConfig(wf))
+		e.SetClient(insertOnlyClient(t, b))
+		require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return wf.StartTx(b.ctx, e, tx, key, req) }))
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() { defer wg.Done(); <-start; errs[0] = e.RunCancel(b.ctx, key, "race") }()
+		go func() { defer wg.Done(); <-start; errs[1] = e.RunResume(b.ctx, key) }()
+		close(start)
+		wg.Wait()
+		require.NoError(t, errs[0])
+		if errs[1] != nil {
+			require.ErrorContains(t, errs[1], "holds its lease", "resume can only lose to an owner")
+		}
+
+		b.startRiver(t, e)
+		eventually(t, 20*time.Second, "every resume job to finish", func() bool {
+			return b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'idem_workflow_resume' AND state <> 'completed'`) == 0
+		})
+		state := b.waitFinished(t, key)
+		r, err := wf.Run(b.ctx, e, key, req, nil)
+		switch state {
+		case "cancelled":
+			require.ErrorIs(t, err, workflow.ErrCancelled)
+			require.Zero(t, b.effects(t, "settle"))
+		case "done":
+			require.NoError(t, err)
+			b.checkTransfer(t, r)
+		default:
+			t.Fatalf("run ended %s", state)
+		}
+		require.LessOrEqual(t, b.effects(t, "reserve"), 1)
 	})
 
 	// A run that waits for its resume job has no owner: it is finished as cancelled at once,

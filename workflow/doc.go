@@ -66,6 +66,14 @@
 //     the run's lease live and ends.
 //   - engine.SetClient(client) once the client exists, for steps.Enqueue outside River workers.
 //
+// # Operating runs
+//
+// Runs can be read without running them ([Engine.RunGet], [Engine.RunList], and
+// [Workflow.Get] for a typed outcome) and steered: [Engine.RunCancel] stops a run at its next
+// checkpoint, [Engine.RunResume] continues a failed, cancelled or stuck one from its last
+// completed step, and [Engine.RunFork] reruns a run from a step under a new key. None of them
+// needs the workflow registered, so cmd/idem offers them to operators.
+//
 // Tables: idem.Migrate creates them (idem_keys and idem_steps in schema.sql), and River's own
 // with rivermigrate.
 package workflow
