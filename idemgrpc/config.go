@@ -10,10 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/handlercfg"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -37,7 +41,7 @@ const (
 //		Scope:         func(ctx context.Context) string { return "user:" + userID(ctx) },
 //		Methods:       []string{"/bank.v1.Bank/*"},
 //		ExceptMethods: []string{"/bank.v1.Bank/GetBalance"},
-//		KeyOptions:    []idem.Option{idem.TTL(48 * time.Hour)},
+//		TTL:           48 * time.Hour,
 //	})
 type Config struct {
 	// Scope returns the principal (tenant, user, API client) a call acts for, from the call's
@@ -102,12 +106,42 @@ type Config struct {
 	// cannot be reached. Default: [DefaultUnavailableRetryDelay].
 	UnavailableRetryDelay time.Duration
 
-	// KeyOptions are passed to idem.Do: idem.TTL, idem.Wait (a duplicate waits for the first
-	// call instead of getting Aborted at once), idem.RetryAfter, idem.Schema.
-	KeyOptions []idem.Option
+	// TTL is how long a stored answer is kept and replayed ([idem.TTL]); a retry after that
+	// runs the handler again. Pick it longer than your clients keep retrying. Default:
+	// [idem.DefaultTTL] (24 hours). It cannot be less than one second.
+	TTL time.Duration
 
-	// TxOptions are passed to tx.Run: tx.Isolation, tx.MaxAttempts, tx.Backoff.
-	TxOptions []tx.Option
+	// Wait makes a duplicate that arrives while the first call with its key is running wait up
+	// to Wait and then get the first call's answer, instead of Aborted at once ([idem.Wait]). A
+	// waiting call holds a connection. Default: 0, answer Aborted at once.
+	Wait time.Duration
+
+	// InFlightRetryDelay is the delay in the RetryInfo sent with Aborted when the key is in
+	// flight: how long a client should wait before calling again ([idem.RetryAfter]). Default:
+	// one second, which is also the least.
+	InFlightRetryDelay time.Duration
+
+	// Schema is the Postgres schema that holds idem's tables ([idem.Schema]); give idem.Migrate
+	// the same. Default: "", unqualified, so that search_path decides.
+	Schema string
+
+	// Isolation is the isolation level of each call's transaction ([tx.Isolation]). Default:
+	// the server's (normally READ COMMITTED).
+	Isolation pgx.TxIsoLevel
+
+	// MaxAttempts bounds how many times the interceptor runs a call's transaction, the first
+	// time included, when Postgres aborts it with a serialization failure or deadlock or its
+	// COMMIT's answer is lost ([tx.MaxAttempts]). Default: 10. 1 turns retrying off.
+	MaxAttempts int
+
+	// MinBackoff and MaxBackoff bound the random wait before running a transaction again
+	// ([tx.Backoff]). Defaults: 5ms and 500ms (or MinBackoff, if that is more).
+	MinBackoff, MaxBackoff time.Duration
+
+	// TracerProvider and MeterProvider receive idem.Do's span and metrics for the guarded calls
+	// ([idem.TracerProvider], [idem.MeterProvider]). Default: the global providers.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 
 	// Logger receives server-side errors (a store failure, a misconfiguration). Default:
 	// slog.Default().
@@ -117,6 +151,8 @@ type Config struct {
 // settings is a validated Config with defaults filled in.
 type settings struct {
 	Config
+	keyOpts []idem.Option // the Config's fields for idem.Do
+	txOpts  []tx.Option   // and for tx.Run
 	methods map[string]*method
 	dropped map[string]bool
 }
@@ -171,6 +207,13 @@ func newSettings(cfg *Config) (*settings, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	st := handlercfg.Store{TTL: c.TTL, Wait: c.Wait, InFlightRetryAfter: c.InFlightRetryDelay, Schema: c.Schema,
+		Isolation: c.Isolation, MaxAttempts: c.MaxAttempts, MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff,
+		TracerProvider: c.TracerProvider, MeterProvider: c.MeterProvider}
+	if s.keyOpts, s.txOpts, err = st.Options("idemgrpc", "InFlightRetryDelay"); err != nil {
+		return nil, err
+	}
+	c.InFlightRetryDelay, c.MinBackoff, c.MaxBackoff = st.InFlightRetryAfter, st.MinBackoff, st.MaxBackoff
 	s.dropped = make(map[string]bool, len(alwaysDropped)+len(c.DropMetadata)+1)
 	for _, k := range alwaysDropped {
 		s.dropped[k] = true

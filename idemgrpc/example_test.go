@@ -14,10 +14,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/idemgrpc/internal/testpb"
-	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/idemtest"
 )
 
 // exampleLedger records entries through the call's transaction, so each entry commits exactly
@@ -43,13 +42,7 @@ func (exampleLedger) Record(ctx context.Context, req *testpb.RecordRequest) (*te
 // exampleServer serves exampleLedger behind the idempotency interceptor on a loopback port, over
 // a fresh database (DATABASE_URL in a real program), and returns its address and a stop func.
 func exampleServer(ctx context.Context) (addr string, pool *pgxpool.Pool, stop func()) {
-	pool, err := pgxpool.New(ctx, pgtemp.NewExampleDB())
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := idem.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
+	pool = idemtest.NewExamplePool(nil)
 	if _, err := pool.Exec(ctx, `CREATE TABLE entries (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -22,7 +23,6 @@ import (
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/idemgrpc/internal/testpb"
 	"github.com/idemkit/idem/internal/pgtemp"
-	"github.com/idemkit/idem/tx"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
@@ -67,10 +67,10 @@ func userScope(ctx context.Context) string {
 // config returns the tests' default server configuration.
 func config() *idemgrpc.Config {
 	return &idemgrpc.Config{
-		Scope:     userScope,
-		Methods:   []string{recordMethod},
-		TxOptions: []tx.Option{tx.Backoff(0, 0)},
-		Logger:    quietLogger(),
+		Scope:      userScope,
+		Methods:    []string{recordMethod},
+		MinBackoff: time.Nanosecond, MaxBackoff: time.Nanosecond,
+		Logger: quietLogger(),
 	}
 }
 

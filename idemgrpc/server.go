@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/txwatch"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -194,9 +195,9 @@ func (s *server) guard(ctx context.Context, m *method, req proto.Message, handle
 			}
 			fresh = o
 			return rec, nil
-		}, s.cfg.KeyOptions...)
+		}, s.cfg.keyOpts...)
 		return err
-	}, s.cfg.TxOptions...)
+	}, s.cfg.txOpts...)
 
 	var (
 		inFlight *idem.InFlightError
@@ -232,10 +233,10 @@ func (s *server) guard(ctx context.Context, m *method, req proto.Message, handle
 }
 
 // runHandler runs the handler once, recording its metadata, with t reachable through Tx. The
-// error is the retryable one a statement reported, if any (see watchedTx).
+// error is the retryable one a statement reported, if any (see package internal/txwatch).
 func (s *server) runHandler(ctx context.Context, t pgx.Tx, m *method, req proto.Message, handler grpc.UnaryHandler) (*outcome, error) {
 	stream := &recordingStream{method: m.name}
-	wt := &watchedTx{Tx: t, w: &watch{}, top: true}
+	wt := txwatch.New(t, errOwnedByInterceptor)
 	hctx := grpc.NewContextWithServerTransportStream(context.WithValue(ctx, ctxKey{}, pgx.Tx(wt)), stream)
 	// Each attempt gets its own copy: a handler that changes its request must not change the
 	// next attempt's.
@@ -245,7 +246,7 @@ func (s *server) runHandler(ctx context.Context, t pgx.Tx, m *method, req proto.
 	if err == nil {
 		o.reply, _ = reply.(proto.Message)
 	}
-	return o, wt.w.retryable()
+	return o, wt.Retryable()
 }
 
 // answer sends a committed answer: the handler's metadata on the first answer, the stored
@@ -298,3 +299,5 @@ func abortedTx(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
 }
+
+var errOwnedByInterceptor = errors.New("idemgrpc: the interceptor commits or rolls back the transaction from Tx when the handler returns; return an error to roll back")

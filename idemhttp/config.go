@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/handlercfg"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -211,12 +212,6 @@ type settings struct {
 	txOpts    []tx.Option   // and for tx.Run
 }
 
-// Defaults of tx.Run's backoff, which Config.MinBackoff and MaxBackoff fall back to.
-const (
-	defaultMinBackoff = 5 * time.Millisecond
-	defaultMaxBackoff = 500 * time.Millisecond
-)
-
 func newSettings(cfg *Config) (*settings, error) {
 	if cfg == nil {
 		return nil, errors.New("idemhttp: Config cannot be nil: Scope is required")
@@ -294,55 +289,14 @@ func newSettings(cfg *Config) (*settings, error) {
 // tx at request time would be a 503 on every request.
 func (s *settings) storeOptions() error {
 	c := &s.Config
-	switch {
-	case c.TTL != 0 && c.TTL < time.Second:
-		return fmt.Errorf("idemhttp: TTL cannot be less than one second (got %s)", c.TTL)
-	case c.Wait < 0:
-		return fmt.Errorf("idemhttp: Wait cannot be negative (got %s)", c.Wait)
-	case c.InFlightRetryAfter != 0 && c.InFlightRetryAfter < time.Second:
-		return fmt.Errorf("idemhttp: InFlightRetryAfter cannot be less than one second (got %s)", c.InFlightRetryAfter)
-	case len(c.Schema) > 63:
-		return fmt.Errorf("idemhttp: Schema cannot be longer than 63 bytes, Postgres's limit for a name (got %d bytes)", len(c.Schema))
-	case c.MaxAttempts < 0:
-		return fmt.Errorf("idemhttp: MaxAttempts cannot be negative (got %d)", c.MaxAttempts)
-	case c.MinBackoff < 0:
-		return fmt.Errorf("idemhttp: MinBackoff cannot be negative (got %s)", c.MinBackoff)
-	case c.MaxBackoff < 0:
-		return fmt.Errorf("idemhttp: MaxBackoff cannot be negative (got %s)", c.MaxBackoff)
-	case c.MaxBackoff != 0 && c.MaxBackoff < c.MinBackoff:
-		return fmt.Errorf("idemhttp: MaxBackoff cannot be less than MinBackoff (got %s and %s)", c.MaxBackoff, c.MinBackoff)
+	st := handlercfg.Store{TTL: c.TTL, Wait: c.Wait, InFlightRetryAfter: c.InFlightRetryAfter, Schema: c.Schema,
+		Isolation: c.Isolation, MaxAttempts: c.MaxAttempts, MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff,
+		TracerProvider: c.TracerProvider, MeterProvider: c.MeterProvider}
+	var err error
+	if s.keyOpts, s.txOpts, err = st.Options("idemhttp", "InFlightRetryAfter"); err != nil {
+		return err
 	}
-	switch c.Isolation {
-	case "", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
-	default:
-		return fmt.Errorf("idemhttp: Isolation must be one of pgx.ReadCommitted, pgx.RepeatableRead and pgx.Serializable (got %q)", c.Isolation)
-	}
-	if c.TTL != 0 {
-		s.keyOpts = append(s.keyOpts, idem.TTL(c.TTL))
-	}
-	if c.Wait != 0 {
-		s.keyOpts = append(s.keyOpts, idem.Wait(c.Wait))
-	}
-	if c.InFlightRetryAfter == 0 {
-		c.InFlightRetryAfter = time.Second
-	}
-	s.keyOpts = append(s.keyOpts, idem.RetryAfter(c.InFlightRetryAfter), idem.TracerProvider(c.TracerProvider), idem.MeterProvider(c.MeterProvider))
-	if c.Schema != "" {
-		s.keyOpts = append(s.keyOpts, idem.Schema(c.Schema))
-	}
-	if c.Isolation != "" {
-		s.txOpts = append(s.txOpts, tx.Isolation(c.Isolation))
-	}
-	if c.MaxAttempts != 0 {
-		s.txOpts = append(s.txOpts, tx.MaxAttempts(c.MaxAttempts))
-	}
-	if c.MinBackoff == 0 {
-		c.MinBackoff = defaultMinBackoff
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = max(defaultMaxBackoff, c.MinBackoff)
-	}
-	s.txOpts = append(s.txOpts, tx.Backoff(c.MinBackoff, c.MaxBackoff))
+	c.InFlightRetryAfter, c.MinBackoff, c.MaxBackoff = st.InFlightRetryAfter, st.MinBackoff, st.MaxBackoff
 	return nil
 }
 

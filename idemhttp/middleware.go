@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/telemetry"
+	"github.com/idemkit/idem/internal/txwatch"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -274,10 +275,10 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 }
 
 // runHandler runs the handler once, into a fresh buffer, with t reachable through Tx. The error
-// is the retryable one a statement reported, if any (see watchedTx).
+// is the retryable one a statement reported, if any (see package internal/txwatch).
 func (m *middleware) runHandler(ctx context.Context, t pgx.Tx, w http.ResponseWriter, r *http.Request, next http.Handler, rt route, key idem.Key, body []byte) (*recorder, error) {
 	rec := newRecorder(w, m.cfg.MaxResponseBytes)
-	wt := &watchedTx{Tx: t, w: &watch{}, top: true}
+	wt := txwatch.New(t, errOwnedByMiddleware)
 	r2 := r.WithContext(context.WithValue(ctx, ctxKey{}, &guardState{m: m, rc: rt.rc, tx: wt, key: key}))
 	// Each attempt reads the body from the start.
 	r2.Body = io.NopCloser(bytes.NewReader(body))
@@ -285,7 +286,7 @@ func (m *middleware) runHandler(ctx context.Context, t pgx.Tx, w http.ResponseWr
 	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	next.ServeHTTP(rec, r2)
 	rec.finish()
-	return rec, wt.w.retryable()
+	return rec, wt.Retryable()
 }
 
 // abortedTx reports a statement refused because an earlier one in the transaction failed.
@@ -293,3 +294,5 @@ func abortedTx(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
 }
+
+var errOwnedByMiddleware = errors.New("idemhttp: the middleware commits or rolls back the transaction from Tx when the handler returns; answer with a 5xx to roll back")

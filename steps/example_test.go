@@ -4,50 +4,23 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/workflow"
 )
 
-var exampleServer struct {
-	once sync.Once
-	srv  *pgtemp.Server
-	err  error
-}
-
 // examplePool returns a pool on a fresh database with idem's tables and an orders table.
 func examplePool(ctx context.Context) *pgxpool.Pool {
-	exampleServer.once.Do(func() { exampleServer.srv, exampleServer.err = pgtemp.Start(ctx) })
-	if exampleServer.err != nil {
-		log.Fatal(exampleServer.err)
-	}
-	dbURL, err := exampleServer.srv.CreateDatabase(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := idem.Migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
+	pool := idemtest.NewExamplePool(nil)
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
 	return pool
-}
-
-func closeExampleServer() {
-	if exampleServer.srv != nil {
-		_ = exampleServer.srv.Close()
-	}
 }
 
 // Tx commits the step's writes with its checkpoint; a replay returns the stored output and

@@ -2,14 +2,10 @@ package steps_test
 
 import (
 	"context"
-	"net"
-	"net/url"
-	"strconv"
 	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/internal/faultproxy"
@@ -33,7 +29,7 @@ func TestTxLostCommit(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			proxy, pool := proxied(t, b)
+			pool, proxy := faultproxy.NewPool(t, b.pool.Config().ConnString())
 			var runs atomic.Int32
 			wf := workflow.Define("lost", func(ctx context.Context, in int) (int64, error) {
 				return steps.Tx(ctx, "write", func(ctx context.Context, tx pgx.Tx) (int64, error) {
@@ -56,18 +52,4 @@ func TestTxLostCommit(t *testing.T) {
 			require.Equal(t, stored, id)
 		})
 	}
-}
-
-// proxied returns a fault proxy in front of b's database and a pool that goes through it.
-func proxied(t *testing.T, b *testBundle) (*faultproxy.Proxy, *pgxpool.Pool) {
-	t.Helper()
-	cc := b.pool.Config().ConnConfig
-	u := &url.URL{Scheme: "postgres", User: url.User(cc.User), Host: net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))), Path: "/" + cc.Database, RawQuery: "sslmode=disable"}
-	proxy, err := faultproxy.New(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proxy.Close() })
-	pool, err := pgxpool.New(b.ctx, proxy.URL(u.String()))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return proxy, pool
 }

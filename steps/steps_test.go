@@ -25,7 +25,6 @@ import (
 
 func TestMain(m *testing.M) {
 	code := pgtemp.Main(m)
-	closeExampleServer()
 	os.Exit(code)
 }
 

@@ -25,13 +25,20 @@
 //
 // # How it works
 //
-// A run is a row of idem_keys (the table idem.Do uses) in state running, with the workflow's
-// name, its input and a lease: a random token and an expiry (Config.Lease), renewed every
-// Lease/3 by the process that owns the run. Each completed step is a row of idem_steps, written
-// by a statement that first checks that the run still has the owner's token. That check is the
-// fence: a process that lost its lease (it was paused, or cut off, and another took the run
-// over) cannot commit a step, and stops with [ErrLeaseLost]. River's own job completion does not
-// fence a stale worker; the lease token does.
+// A run's key is a row of idem_keys (the table idem.Do uses, so that a key names one operation,
+// Do's or a run's), and the run itself a row of idem_runs: state (running, done, failed,
+// cancelled), the workflow's name, its input and output, and a lease: a random token and an
+// expiry (Config.Lease), renewed every Lease/3 by the process that owns the run. Each completed
+// step is a row of idem_steps, written by a statement that first checks that the run still has
+// the owner's token. That check is the fence: a process that lost its lease (it was paused, or
+// cut off, and another took the run over) cannot commit a step, and stops with [ErrLeaseLost].
+// River's own job completion does not fence a stale worker; the lease token does.
+//
+// Bookkeeping travels with the run's own transactions instead of adding some: a new run's rows
+// are written by the BEGIN of its first Tx step; a Call's checkpoint is written with the next
+// step's transaction (or at once with StepOpts.CheckpointNow); a Tx step's COMMIT waits for the
+// next step boundary, so that the run's outcome commits with its last step. A run of two Tx
+// steps and a Call costs five round trips where the bare transactions cost six.
 //
 // A resumed run calls the workflow function from the top; each step finds its row and returns
 // the stored output without running. A step that does not match the history at its position
@@ -57,14 +64,33 @@
 // The River configuration this needs:
 //
 //   - Workers: the application's *river.Workers, after engine.AddWorkers(workers).
+//
 //   - PeriodicJobs: include engine.PeriodicJobs(). Periodic jobs run on River's elected leader,
 //     so keep leader election enabled on at least one client that has the engine's workers.
+//
 //   - Queues: include Config.Queue (river.QueueDefault unless set), with enough MaxWorkers for
 //     the runs that may be resumed at once: a resume job works as long as its workflow runs.
+//
 //   - JobTimeout: any; the resume worker sets its own timeout to none, since the lease, not
 //     River, tells whether a run is alive. RescueStuckJobsAfter: any; a rescued resume job finds
 //     the run's lease live and ends.
+//
 //   - engine.SetClient(client) once the client exists, for steps.Enqueue outside River workers.
+//
+//   - FetchCooldown and FetchPollInterval: River's defaults (100 ms, 1 s) bound how soon a job
+//     inserted by StartTx or the scan starts; lower FetchCooldown (say 5 ms) when runs started
+//     with StartTx should start at once.
+//
+// # Telemetry
+//
+// Config.TracerProvider and Config.MeterProvider (default: OpenTelemetry's global providers)
+// receive a span per call of Workflow.Run (idem.workflow.run), per resume job
+// (idem.workflow.resume), per step (idem.workflow.step, replayed steps included, marked
+// idem.replayed) and per scan; counters of step executions by outcome, step retries, resumes and
+// reconciliations; a histogram of step duration; and a gauge of runs by state (done runs
+// excepted). A run keeps the W3C traceparent of the span that started it, and its resume job
+// makes that span its parent: the part of a run that another process finishes after a crash
+// sits in the trace of the request that started it. Keys are never recorded; scopes are.
 //
 // # Operating runs
 //
@@ -74,6 +100,6 @@
 // completed step, and [Engine.RunFork] reruns a run from a step under a new key. None of them
 // needs the workflow registered, so cmd/idem offers them to operators.
 //
-// Tables: idem.Migrate creates them (idem_keys and idem_steps in schema.sql), and River's own
-// with rivermigrate.
+// Tables: idem.Migrate creates them (idem_keys, idem_runs and idem_steps; see schema.sql), and
+// River's own with rivermigrate.
 package workflow

@@ -12,9 +12,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
 )
 
 // Defaults used when the corresponding Config field is zero.
@@ -95,9 +98,19 @@ type Config struct {
 	// Default "": search_path decides.
 	Schema string
 
-	// Logger receives what the background jobs cannot return to anyone: abandoned runs,
-	// reconciliations. Default slog.Default().
+	// Logger receives what the engine does that no caller hears of: runs resumed or taken over
+	// (Info), reconciled (Info), stopped by a lost lease or before their end (Warn). Default
+	// slog.Default().
 	Logger *slog.Logger
+
+	// TracerProvider and MeterProvider receive the engine's spans (idem.workflow.run, .resume,
+	// .step, .scan) and metrics (idem.step.executions, .retries, .duration;
+	// idem.workflow.resumes, .reconciliations, .runs). Default: the global providers, which
+	// cost next to nothing until the application installs an SDK.
+	//
+	//	cfg := &workflow.Config{Workflows: defs, TracerProvider: tp, MeterProvider: mp}
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // Engine runs workflows: it holds the database, the registered workflows and (through
@@ -123,6 +136,7 @@ type Engine struct {
 	st        *store.Statements
 	client    atomic.Pointer[river.Client[pgx.Tx]]
 	log       *slog.Logger
+	tel       *telemetry.Set
 	owner     string // names this process in the leases it takes, for operators
 
 	// heartbeatOff stops lease renewals, to let tests play a paused process.
@@ -147,7 +161,8 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 	if err := c.setDefaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: store.For(c.Schema), log: c.Logger, owner: leaseOwner()}
+	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: store.For(c.Schema), log: c.Logger,
+		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner()}
 	for i, d := range c.Workflows {
 		if d == nil {
 			return nil, fmt.Errorf("workflow: Workflows[%d] cannot be nil", i)
@@ -157,6 +172,7 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 		}
 		e.workflows[d.Name()] = d
 	}
+	e.observeRuns()
 	return e, nil
 }
 

@@ -14,47 +14,19 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/workflow"
 )
 
-// Examples have no *testing.T for pgtemp.NewDB, so they share a server of their own, started
-// on first use and stopped by TestMain.
-var exampleServer struct {
-	once sync.Once
-	srv  *pgtemp.Server
-	err  error
-}
-
 // examplePool returns a pool on a fresh database with idem, River and an accounts table.
 func examplePool(ctx context.Context) *pgxpool.Pool {
-	exampleServer.once.Do(func() { exampleServer.srv, exampleServer.err = pgtemp.Start(ctx) })
-	if exampleServer.err != nil {
-		log.Fatal(exampleServer.err)
-	}
-	dbURL, err := exampleServer.srv.CreateDatabase(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := migrate(ctx, pool); err != nil {
-		log.Fatal(err)
-	}
+	pool := idemtest.NewExamplePool(&idemtest.Opts{River: true})
 	if _, err := pool.Exec(ctx, `CREATE TABLE accounts (id text PRIMARY KEY, balance int NOT NULL, held int NOT NULL DEFAULT 0);
 INSERT INTO accounts VALUES ('alice', 100)`); err != nil {
 		log.Fatal(err)
 	}
 	return pool
-}
-
-func closeExampleServer() {
-	if exampleServer.srv != nil {
-		_ = exampleServer.srv.Close()
-	}
 }
 
 type PayoutReq struct {
@@ -180,12 +152,12 @@ func ExampleWorkflow_Run_wait() {
 	pool := examplePool(ctx)
 	defer pool.Close()
 
-	started := make(chan struct{})
+	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	slow := workflow.Define("slow", func(ctx context.Context, n int) (int, error) {
 		return steps.Call(ctx, "compute", func(ctx context.Context, key string) (int, error) {
 			once.Do(func() { close(started) })
-			time.Sleep(200 * time.Millisecond)
+			<-release // a slow outside call
 			return n * 2, nil
 		}, nil)
 	})
@@ -201,6 +173,7 @@ func ExampleWorkflow_Run_wait() {
 	var inflight *idem.InFlightError
 	fmt.Println(errors.As(err, &inflight))
 
+	time.AfterFunc(100*time.Millisecond, func() { close(release) })
 	n, err := slow.Run(ctx, engine, key, 21, &workflow.RunOpts{Wait: 5 * time.Second})
 	fmt.Println(n, err)
 	// Output:

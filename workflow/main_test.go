@@ -28,7 +28,6 @@ func TestMain(m *testing.M) {
 		os.Exit(runHelper())
 	}
 	code := pgtemp.Main(m)
-	closeExampleServer()
 	os.Exit(code)
 }
 

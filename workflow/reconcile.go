@@ -84,6 +84,19 @@ const (
 	actionResume
 )
 
+// String names the action for telemetry and logs.
+func (a decisionAction) String() string {
+	switch a {
+	case actionFail:
+		return "fail"
+	case actionComplete:
+		return "complete"
+	case actionResume:
+		return "resume_later"
+	}
+	return "none"
+}
+
 // ResumeLater leaves the run in progress, to be resumed after d, with a fresh budget of
 // Config.MaxAttempts attempts.
 //
@@ -158,7 +171,8 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected
 	if err != nil {
 		return fmt.Errorf("workflow: error storing reconciliation of key %q in scope %q: %w", id, scope, err)
 	}
-	e.log.InfoContext(ctx, "workflow: run reconciled", "workflow", row.workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.attempts)
+	e.countReconcile(ctx, row.workflow, reason, d.action.String())
+	e.log.InfoContext(ctx, "workflow: run reconciled", "decision", d.action.String(), "workflow", row.workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.attempts)
 	return nil
 }
 

@@ -9,10 +9,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemriver"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
 )
 
 // ResumeArgs is the River job that resumes one run whose lease expired. The recovery scan
@@ -92,11 +95,19 @@ func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error { r
 // scan inserts a resume job for each run whose lease expired, in the transaction that holds
 // those runs with FOR UPDATE SKIP LOCKED: a run is either handed to a job or left for the next
 // scan, and two scans never fight over one run.
-func (e *Engine) scan(ctx context.Context) error {
+func (e *Engine) scan(ctx context.Context) (err error) {
 	client, err := e.riverClient(ctx)
 	if err != nil {
 		return err
 	}
+	ctx, span := e.tel.Tracer.Start(ctx, "idem.workflow.scan", trace.WithSpanKind(trace.SpanKindInternal))
+	found := 0
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attribute.Int("idem.runs", found))
+		}
+		endSpan(span, map[bool]string{true: "ok", false: "error"}[err == nil], err)
+	}()
 	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
 		rows, err := t.Query(ctx, e.st.Runs.Scan, e.cfg.ScanBatchSize)
 		if err != nil {
@@ -110,7 +121,7 @@ func (e *Engine) scan(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("workflow: error scanning for runs to resume: %w", err)
 		}
-		if len(params) == 0 {
+		if found = len(params); found == 0 {
 			return nil
 		}
 		if _, err := client.InsertManyTx(ctx, t, params); err != nil {
@@ -149,7 +160,16 @@ func (e *Engine) resume(ctx context.Context, scope, id string) error {
 	if store.RunState(row.state) != store.RunRunning || row.expired == nil || !*row.expired {
 		return nil // finished, or owned by a live process
 	}
+	ctx, span := e.startResumeSpan(ctx, row.trace, telemetry.Workflow.String(row.workflow), telemetry.Scope.String(scope),
+		telemetry.Attempts.Int(row.attempts))
+	outcome, err := e.resumeInspected(ctx, scope, id, &row)
+	endSpan(span, outcome, err)
+	return err
+}
 
+// resumeInspected is resume once the run is known to need it; it returns the outcome for the
+// resume span.
+func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *inspected) (string, error) {
 	def, ok := e.workflows[row.workflow]
 	switch {
 	case !ok:
@@ -157,19 +177,25 @@ func (e *Engine) resume(ctx context.Context, scope, id string) error {
 		if row.expiredFor < grace {
 			// Another deployment may know the workflow (a rolling deploy): look again later.
 			wait := time.Duration(math.Min(grace-row.expiredFor, e.cfg.ScanInterval.Seconds()*4)*float64(time.Second)) + 100*time.Millisecond
-			return river.JobSnooze(wait)
+			return "snoozed", river.JobSnooze(wait)
 		}
-		return e.reconcile(ctx, scope, id, &row, ReasonUnregistered)
+		return "reconciled", e.reconcile(ctx, scope, id, row, ReasonUnregistered)
 	case row.attempts >= e.cfg.MaxAttempts:
-		return e.reconcile(ctx, scope, id, &row, ReasonMaxAttempts)
+		return "reconciled", e.reconcile(ctx, scope, id, row, ReasonMaxAttempts)
 	}
 
-	rs, input, err := e.takeOver(ctx, def, scope, id, row.token)
-	if err != nil || rs == nil {
-		return err
+	rs, input, err := e.takeOver(ctx, def, scope, id, row.token, "job")
+	if err != nil {
+		return "stopped", err
 	}
-	if _, err := e.execute(ctx, rs, input); err != nil && !errors.Is(err, ErrFailed) && !errors.Is(err, ErrCancelled) {
+	if rs == nil {
+		return "taken", nil // another process was faster
+	}
+	e.log.InfoContext(ctx, "workflow: resuming run", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt,
+		"recovery_point", row.recoveryPoint, "lease_expired_for", time.Duration(row.expiredFor*float64(time.Second)).Round(time.Millisecond))
+	_, err = e.execute(ctx, rs, input)
+	if err != nil && !errors.Is(err, ErrFailed) && !errors.Is(err, ErrCancelled) {
 		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", err)
 	}
-	return nil
+	return runOutcome(err, false), nil
 }

@@ -260,13 +260,15 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			// Out of attempts: the recovery jobs hand it to the reconcile hook.
 			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: e.cfg.ScanInterval}
 		}
-		rs, stored, err := e.takeOver(ctx, def, key.Scope, key.ID, row.token)
+		rs, stored, err := e.takeOver(ctx, def, key.Scope, key.ID, row.token, "call")
 		if err != nil {
 			return nil, false, err
 		}
 		if rs == nil {
 			continue
 		}
+		e.log.InfoContext(ctx, "workflow: taking over run whose lease expired", "workflow", name, "scope", key.Scope, "id", key.ID,
+			"attempt", rs.attempt, "lease_expired_for", time.Duration(row.expiredFor*float64(time.Second)).Round(time.Millisecond))
 		out, err := e.execute(ctx, rs, stored)
 		return out, false, err
 	}
@@ -283,7 +285,8 @@ func nullable(s string) any {
 
 // takeOver takes the lease of a run whose lease expired, if it still has token old, and loads
 // its history. It returns a nil runState when another process was faster.
-func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *uuid.UUID) (*runState, []byte, error) {
+// by says who takes it: "job" (a resume job) or "call" (a call of Workflow.Run).
+func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *uuid.UUID, by string) (*runState, []byte, error) {
 	rs := &runState{e: e, def: def, scope: scope, id: id, token: uuid.New(), next: 1}
 	var input []byte
 	var trace string
@@ -299,6 +302,7 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 	if rs.history, err = e.history(ctx, scope, id); err != nil {
 		return nil, nil, err
 	}
+	e.countResume(ctx, def.Name(), by)
 	return rs, input, nil
 }
 
@@ -428,6 +432,10 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) error {
 		if _, serr := e.db.Exec(sctx, e.st.Runs.Stuck, rs.scope, rs.id, rs.token, err.Error()); serr != nil {
 			e.log.WarnContext(ctx, "workflow: error recording why a run stopped", "scope", rs.scope, "id", rs.id, "error", serr)
 		}
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		e.log.WarnContext(ctx, "workflow: run lost its lease and stopped; another process owns it now", "workflow", rs.def.Name(),
+			"scope", rs.scope, "id", rs.id, "attempt", rs.attempt, "error", err)
 	}
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNonDeterminism) {
 		return err

@@ -256,9 +256,13 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 		if rec.name != name || rec.kind != kind {
 			return nil, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.kind + ":" + rec.name, Called: kind + ":" + name})
 		}
+		_, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, true)
 		if rec.errMsg != nil {
-			return nil, &StepError{Step: name, Seq: seq, Attempts: rec.attempts, Message: *rec.errMsg}
+			err := &StepError{Step: name, Seq: seq, Attempts: rec.attempts, Message: *rec.errMsg}
+			span.end(0, err)
+			return nil, err
 		}
+		span.end(0, nil)
 		return rec.output, nil
 	}
 
@@ -269,31 +273,47 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 	if rs.started() {
 		info.Key = stepKey(rs.scope, rs.id, rs.created, seq, name)
 	}
+	ctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, false)
+	out, err := rs.attempts(ctx, info, &cfg, inPostgres, span, attempt)
+	span.end(info.Attempt, err)
+	return out, err
+}
+
+// attempts runs a step's attempts until one succeeds, the step fails for good (its failure is
+// then checkpointed), or the run stops.
+func (rs *runState) attempts(ctx context.Context, info *StepInfo, cfg *StepOpts, inPostgres bool, span *stepSpan, attempt func(ctx context.Context, s *StepInfo) ([]byte, error)) ([]byte, error) {
 	for n := 1; ; n++ {
 		info.Attempt = n
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if cfg.Timeout > 0 {
 			actx, cancel = context.WithTimeout(ctx, cfg.Timeout)
 		}
+		started := time.Now()
 		out, err := attempt(actx, info)
 		cancel()
 		if err == nil {
+			span.attempt(ctx, started, "ok")
 			return out, nil
 		}
 		var mErr *machineryError
 		switch {
 		case rs.stopped() != nil:
+			span.attempt(ctx, started, "stopped")
 			return nil, rs.stopped()
 		case context.Cause(ctx) != nil:
+			span.attempt(ctx, started, "stopped")
 			return nil, rs.stop(context.Cause(ctx))
 		case errors.As(err, &mErr), errors.Is(err, tx.ErrCommitUnknown):
+			span.attempt(ctx, started, "stopped")
 			return nil, rs.stop(err)
 		case inPostgres && tx.IsConnectionLost(err):
 			// A step that works in Postgres and lost its connection has not failed: the run
 			// stops unstored, its lease runs out, and the recovery worker resumes it from this
 			// step. Storing the error would fail the run for good over a network blip.
+			span.attempt(ctx, started, "stopped")
 			return nil, rs.stop(err)
 		}
+		span.attempt(ctx, started, "error")
 		if n >= cfg.MaxAttempts || isPermanent(err) {
 			msg := err.Error()
 			if cerr := rs.flushStart(ctx); cerr != nil {
@@ -302,8 +322,9 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 			if cerr := rs.checkpointCall(ctx, info, nil, &msg, false); cerr != nil {
 				return nil, cerr
 			}
-			return nil, &StepError{Step: name, Seq: seq, Attempts: n, Message: msg}
+			return nil, &StepError{Step: info.Name, Seq: info.Seq, Attempts: n, Message: msg}
 		}
+		span.retry(ctx, n, err)
 		if serr := backoff.Sleep(ctx, cfg.backoff(n)); serr != nil {
 			return nil, rs.stop(context.Cause(ctx))
 		}

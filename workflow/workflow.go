@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/telemetry"
 )
 
 // Definition is a workflow as the [Engine] sees it, whatever its input and output types: what
@@ -166,7 +169,13 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if fingerprint == nil {
 		fingerprint = idem.Fingerprint("idem.workflow.input", w.name, string(input))
 	}
+	ctx, span := e.tel.Tracer.Start(ctx, "idem.workflow.run", trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(telemetry.Workflow.String(w.name), telemetry.Scope.String(key.Scope)))
 	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait)
+	if span.IsRecording() {
+		span.SetAttributes(telemetry.Replayed.Bool(replayed))
+	}
+	endSpan(span, runOutcome(err, replayed), err)
 	if opts.Replayed != nil {
 		*opts.Replayed = replayed
 	}

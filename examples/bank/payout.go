@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/steps"
@@ -61,9 +58,8 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 		rc := payoutReceipt{Account: in.Account, Amount: in.Amount}
 
 		h, err := steps.Tx(ctx, "reserve", func(ctx context.Context, t pgx.Tx) (hold, error) {
-			h, err := reserve(ctx, t, in)
-			return h, stopIfConnLost(ctx, err)
-		}, txStepOpts)
+			return reserve(ctx, t, in)
+		}, nil)
 		if err != nil {
 			return rc, err
 		}
@@ -107,25 +103,17 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 			step, rc.Status, rc.Reason = "release", "released", ch.Reason
 		}
 		if _, err := steps.Tx(ctx, step, func(ctx context.Context, t pgx.Tx) (struct{}, error) {
-			return struct{}{}, stopIfConnLost(ctx, settle(ctx, t, in, rc))
-		}, txStepOpts); err != nil {
+			return struct{}{}, settle(ctx, t, in, rc)
+		}, nil); err != nil {
 			return rc, err
 		}
 		if err := a.crash.reach(ctx, "payout:after-settle"); err != nil {
 			return rc, err
 		}
 
-		// The outbox: the notify job is inserted in the step's transaction, so it exists once.
-		// steps.Enqueue does exactly this, but takes no retry options, and a step that cannot
-		// begin its transaction (a dead pooled connection) three times is stored as failed for
-		// good; so the bank inserts the job itself in a steps.Tx with txStepOpts.
-		if _, err := steps.Tx(ctx, "notify", func(ctx context.Context, t pgx.Tx) (int64, error) {
-			res, err := a.river.InsertTx(ctx, t, notifyArgs{Event: "payout." + rc.Status, Ref: in.Scope + "/" + in.Key}, nil)
-			if err != nil {
-				return 0, stopIfConnLost(ctx, err)
-			}
-			return res.Job.ID, nil
-		}, txStepOpts); err != nil {
+		// The outbox: the notify job is inserted in the step's own transaction, with its
+		// checkpoint, so it exists once however often the run is resumed.
+		if err := steps.Enqueue(ctx, "notify", notifyArgs{Event: "payout." + rc.Status, Ref: in.Scope + "/" + in.Key}, nil, nil); err != nil {
 			return rc, err
 		}
 		if err := a.crash.reach(ctx, "payout:after-notify"); err != nil {
@@ -133,34 +121,6 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 		}
 		return rc, nil
 	})
-}
-
-// txStepOpts retry a transaction step's failures many times before storing one for good: a
-// steps.Tx counts a failure to begin its transaction (a dead pooled connection, a restarting
-// server) as the step's own failure, and after MaxAttempts stores it as final, failing the
-// payout with its funds held.
-var txStepOpts = &steps.Opts{MaxAttempts: 20, MinBackoff: 20 * time.Millisecond, MaxBackoff: time.Second}
-
-// stopIfConnLost turns a lost connection inside a step into a stopped run, which the recovery
-// worker resumes, instead of a failure of the step, which would be retried a few times and then
-// stored as the payout's final answer. A dead connection says nothing about the payout.
-func stopIfConnLost(ctx context.Context, err error) error {
-	if err == nil || !connLost(err) {
-		return err
-	}
-	return workflow.StopRun(ctx, fmt.Errorf("lost the connection to Postgres: %w", err))
-}
-
-// connLost reports errors that mean the connection broke, not that a statement failed.
-func connLost(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		// connection_exception, admin_shutdown, crash_shutdown, cannot_connect_now
-		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
-	}
-	var netErr net.Error
-	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.As(err, &netErr) ||
-		pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed")
 }
 
 // reserve moves the amount from balance to held, or declines the payout when the balance does

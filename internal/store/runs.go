@@ -99,6 +99,10 @@ type RunStatements struct {
 	// Inspect reads a run for the resume job. $1 scope, $2 id.
 	Inspect string
 
+	// CountByState counts the runs in each state but done, from the partial index on state, for
+	// the gauge of runs by state. Done runs, the bulk of the table, are left out.
+	CountByState string
+
 	// ReconcileEnd finishes a run the reconcile hook decided on, fenced like a takeover.
 	// $1 scope, $2 id, $3 old token, $4 state, $5 output, $6 TTL µs.
 	ReconcileEnd string
@@ -204,6 +208,8 @@ ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED`),
 	coalesce((SELECT s.name FROM {steps} s WHERE s.scope = r.scope AND s.id = r.id ORDER BY s.seq DESC LIMIT 1), ''),
 	coalesce(r.last_error, ''), (extract(epoch FROM r.created_at) * 1000000)::int8, coalesce(r.trace_context, '')
 FROM {runs} r WHERE r.scope = $1 AND r.id = $2`),
+
+		CountByState: t.render(`SELECT state, count(*) FROM {runs} WHERE state <> 'done' GROUP BY state`),
 
 		ReconcileEnd: t.render(`UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
 	lease_expires_at = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us

@@ -1,8 +1,10 @@
-package idemhttp
+// Package txwatch wraps the transaction that idemhttp and idemgrpc hand to a handler, so that a
+// retryable error the handler saw (and may have answered with any status, or swallowed) still
+// makes the whole attempt run again.
+package txwatch
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -11,21 +13,27 @@ import (
 	"github.com/idemkit/idem/tx"
 )
 
-// watchedTx is the pgx.Tx a handler gets from [Tx]. It passes everything through and notes the
-// first retryable error (serialization failure, deadlock) any statement reports.
+// Tx is the pgx.Tx a handler gets. It passes everything through and notes the first retryable
+// error (serialization failure, deadlock) any statement reports.
 //
 // Why: a handler answers with a status, not an error. One that hits a serialization failure
-// typically answers 500, or even swallows the error; either way Postgres has aborted the
-// transaction, and the right move is what tx.Run does for any function: run the whole attempt
-// again. The middleware checks the note after the handler returns and, when set, hands the error
-// to tx.Run, which retries with a fresh recorder, so the client never sees the failed attempt.
-type watchedTx struct {
+// typically answers 500 (or Internal, or Aborted), or even swallows the error; either way
+// Postgres has aborted the transaction, and the right move is what tx.Run does for any function:
+// run the whole attempt again. The middleware or interceptor checks Retryable after the handler
+// returns and, when set, hands the error to tx.Run, which runs the handler again, so the client
+// never sees the failed attempt.
+type Tx struct {
 	pgx.Tx
-	w   *watch
-	top bool // the middleware's own transaction, which the handler must not end
+	w     *watch
+	owned error // for the top transaction, which the handler must not end: what Commit and Rollback say
 }
 
-var errOwnedByMiddleware = errors.New("idemhttp: the middleware commits or rolls back the transaction from Tx when the handler returns; answer with a 5xx to roll back")
+// New wraps t, the transaction of one attempt; Commit and Rollback on it return owned, since
+// the caller ends it when the handler returns.
+func New(t pgx.Tx, owned error) *Tx { return &Tx{Tx: t, w: &watch{}, owned: owned} }
+
+// Retryable returns the first retryable error a statement reported, nil if none did.
+func (t *Tx) Retryable() error { return t.w.retryable() }
 
 type watch struct {
 	mu  sync.Mutex
@@ -49,48 +57,48 @@ func (w *watch) retryable() error {
 	return w.err
 }
 
-func (t *watchedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	sp, err := t.Tx.Begin(ctx)
 	t.w.note(err)
 	if err != nil {
 		return nil, err
 	}
-	return &watchedTx{Tx: sp, w: t.w}, nil
+	return &Tx{Tx: sp, w: t.w}, nil
 }
 
-func (t *watchedTx) Commit(ctx context.Context) error {
-	if t.top {
-		return errOwnedByMiddleware
+func (t *Tx) Commit(ctx context.Context) error {
+	if t.owned != nil {
+		return t.owned
 	}
 	err := t.Tx.Commit(ctx)
 	t.w.note(err)
 	return err
 }
 
-func (t *watchedTx) Rollback(ctx context.Context) error {
-	if t.top {
-		return errOwnedByMiddleware
+func (t *Tx) Rollback(ctx context.Context) error {
+	if t.owned != nil {
+		return t.owned
 	}
 	return t.Tx.Rollback(ctx)
 }
 
-func (t *watchedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	n, err := t.Tx.CopyFrom(ctx, table, columns, src)
 	t.w.note(err)
 	return n, err
 }
 
-func (t *watchedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	return &watchedBatch{BatchResults: t.Tx.SendBatch(ctx, b), w: t.w}
 }
 
-func (t *watchedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	tag, err := t.Tx.Exec(ctx, sql, args...)
 	t.w.note(err)
 	return tag, err
 }
 
-func (t *watchedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	rows, err := t.Tx.Query(ctx, sql, args...)
 	t.w.note(err)
 	if err != nil {
@@ -99,7 +107,7 @@ func (t *watchedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 	return &watchedRows{Rows: rows, w: t.w}, nil
 }
 
-func (t *watchedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return &watchedRow{row: t.Tx.QueryRow(ctx, sql, args...), w: t.w}
 }
 
