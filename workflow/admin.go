@@ -234,5 +234,7 @@ func (e *Engine) cancelledOutcome(ctx context.Context, rs *runState, err error) 
 	if lerr != nil || !found || row.state == nil || store.RunState(*row.state) != store.RunCancelled {
 		return err
 	}
+	e.log.InfoContext(ctx, "workflow: run was cancelled and stopped at its step boundary", "workflow", rs.def.Name(),
+		"scope", rs.scope, "id", rs.id, "attempt", rs.attempt)
 	return cancelledFromStored(rs.def.Name(), idemKey(rs), row.output)
 }

@@ -1,7 +1,9 @@
 package workflow_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -27,7 +29,10 @@ func TestRunCancel(t *testing.T) {
 		b := setup(t)
 		at, release := blockAt("in:settle")
 		wf := newTransfer(b.pool, at.hooks)
-		e := b.engine(t, fastConfig(wf))
+		var logs syncBuffer
+		cfg := fastConfig(wf)
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		e := b.engine(t, cfg)
 		done := make(chan error, 1)
 		go func() {
 			_, err := wf.Run(b.ctx, e, key, req, nil)
@@ -41,6 +46,8 @@ func TestRunCancel(t *testing.T) {
 		require.ErrorAs(t, err, &cancelled, "the owner stops as cancelled, not as a lost lease")
 		require.ErrorIs(t, err, workflow.ErrCancelled)
 		require.Equal(t, "customer asked", cancelled.Reason)
+		require.Contains(t, logs.String(), "run was cancelled and stopped")
+		require.NotContains(t, logs.String(), "lost its lease", "a cancel is not a takeover")
 
 		require.Equal(t, 1, b.effects(t, "reserve"))
 		require.Zero(t, b.effects(t, "settle"), "settle's writes did not commit")
@@ -79,7 +86,10 @@ func TestRunCancel(t *testing.T) {
 		b := setup(t)
 		at, release := blockAt("in:charge")
 		wf := newTransfer(b.pool, at.hooks)
-		e := b.engine(t, fastConfig(wf))
+		var logs syncBuffer
+		cfg := fastConfig(wf)
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		e := b.engine(t, cfg)
 		done := make(chan error, 1)
 		go func() {
 			_, err := wf.Run(b.ctx, e, key, req, nil)
@@ -95,6 +105,8 @@ func TestRunCancel(t *testing.T) {
 		_, err := wf.Run(b.ctx, e, key, req, nil)
 		require.ErrorIs(t, err, workflow.ErrCancelled)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM calls`), "the retry ran nothing")
+		require.Contains(t, logs.String(), "run was cancelled and stopped")
+		require.NotContains(t, logs.String(), "lost its lease", "a cancel is not a takeover")
 	})
 
 	// Cancel and resume of one run at once: they take the run's row in turn, so the run ends
@@ -307,4 +319,22 @@ func TestRunFork(t *testing.T) {
 		require.ErrorIs(t, e.RunFork(b.ctx, idem.Key{Scope: "s", ID: "nope"}, idem.Key{Scope: "s", ID: "k3"}, 1), idem.ErrNotFound)
 		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys WHERE id = 'k3'`))
 	})
+}
+
+// syncBuffer is a bytes.Buffer for a logger that several goroutines write to.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

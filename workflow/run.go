@@ -434,6 +434,10 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) error {
 		}
 	}
 	if errors.Is(err, ErrLeaseLost) {
+		// A cancel takes the lease away too; only the stored state tells it from a takeover.
+		if cancelled := e.cancelledOutcome(ctx, rs, err); errors.Is(cancelled, ErrCancelled) {
+			return cancelled
+		}
 		e.log.WarnContext(ctx, "workflow: run lost its lease and stopped; another process owns it now", "workflow", rs.def.Name(),
 			"scope", rs.scope, "id", rs.id, "attempt", rs.attempt, "error", err)
 	}
