@@ -21,7 +21,9 @@ import (
 //	if run.State == workflow.RunStateFailed { ... }
 type RunState string
 
-// The states a run can be in.
+// The states a run can be in today.
+//
+//	failed, err := engine.RunList(ctx, &workflow.RunListParams{States: []workflow.RunState{workflow.RunStateFailed}})
 const (
 	RunStateRunning   = RunState(store.RunRunning)
 	RunStateDone      = RunState(store.RunDone)
@@ -193,7 +195,10 @@ func runNotFound(key idem.Key) error {
 	return fmt.Errorf("%w: no run has key %q in scope %q", idem.ErrNotFound, key.ID, key.Scope)
 }
 
-// List bounds.
+// Page sizes of [Engine.RunList]: RunListParams.Limit 0 means DefaultRunListLimit, and a Limit
+// over MaxRunListLimit is refused.
+//
+//	res, err := engine.RunList(ctx, &workflow.RunListParams{Limit: workflow.MaxRunListLimit})
 const (
 	DefaultRunListLimit = 100
 	MaxRunListLimit     = 1000
