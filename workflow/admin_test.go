@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -107,6 +108,32 @@ func TestRunCancel(t *testing.T) {
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM calls`), "the retry ran nothing")
 		require.Contains(t, logs.String(), "run was cancelled and stopped")
 		require.NotContains(t, logs.String(), "lost its lease", "a cancel is not a takeover")
+	})
+
+	// With a DB that is not a pool, a run does not fold its bookkeeping into its steps'
+	// transactions: each checkpoint is written, fenced, with its own step. The cancel stops it
+	// all the same.
+	t.Run("Unfolded", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		db := plainDB{b.pool}
+		at, release := blockAt("in:settle")
+		wf := newTransfer(db, at.hooks)
+		e, err := workflow.NewEngine(db, fastConfig(wf))
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := wf.Run(b.ctx, e, key, req, nil)
+			done <- err
+		}()
+		<-at.reached
+		require.NoError(t, e.RunCancel(b.ctx, key, "unfolded"))
+		release()
+		require.ErrorIs(t, <-done, workflow.ErrCancelled)
+		require.Zero(t, b.effects(t, "settle"))
+		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`), "reserve and charge, from before the cancel")
+		_, err = wf.Get(b.ctx, e, key)
+		require.ErrorIs(t, err, workflow.ErrCancelled)
 	})
 
 	// Cancel and resume of one run at once: they take the run's row in turn, so the run ends
@@ -338,3 +365,6 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// plainDB hides that a DB is a pool, so that runs write each checkpoint on its own.
+type plainDB struct{ *pgxpool.Pool }
