@@ -8,6 +8,10 @@
 //     it a key derived from the run and the step, the same on every attempt and resume: it runs
 //     at least once, and an outside service that honours idempotency keys applies it once.
 //   - [Enqueue] inserts a River job in the step's transaction: the job exists exactly once.
+//   - [Sleep] and [SleepUntil] wait, durably, and [Await] waits for a signal sent with
+//     workflow.Engine.SignalTx; while it waits the run holds no lease, goroutine, connection or
+//     River worker, and a River job wakes it.
+//   - [SetEvent] publishes a value that workflow.Engine.EventGet reads without running anything.
 //
 // Outputs are stored as JSON, and a step returns its output as decoded from what was stored, so
 // the first run and every replay see the same value.

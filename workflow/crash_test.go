@@ -33,6 +33,9 @@ var crashKey = idem.Key{Scope: "merchant:7", ID: "crash-1"}
 
 func runHelper() int {
 	point := os.Getenv(helperEnv)
+	if point == sleepPoint {
+		return runSleepHelper()
+	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(helperDBEnv))
 	if err != nil {

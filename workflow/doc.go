@@ -47,8 +47,8 @@
 // # Recovery with River
 //
 // Recovery runs in the application's own River client (two River clients in one schema discard
-// each other's jobs). [Engine.AddWorkers] adds three workers and [Engine.PeriodicJobs] returns
-// two periodic jobs:
+// each other's jobs). [Engine.AddWorkers] adds four workers (the wake job of waiting runs is
+// described below) and [Engine.PeriodicJobs] returns two periodic jobs:
 //
 //   - the scan (every Config.ScanInterval) finds runs whose lease expired, in batches, with FOR
 //     UPDATE SKIP LOCKED, and inserts one resume job per run and expired lease (unique by its
@@ -79,7 +79,20 @@
 //
 //   - FetchCooldown and FetchPollInterval: River's defaults (100 ms, 1 s) bound how soon a job
 //     inserted by StartTx or the scan starts; lower FetchCooldown (say 5 ms) when runs started
-//     with StartTx should start at once.
+//     with StartTx should start at once, and see below for runs that wait.
+//
+// # Waiting: sleep, signals, events, deadlines
+//
+// A run that waits (steps.Sleep, steps.Await) holds nothing while it waits: no lease, no
+// goroutine, no connection, no River worker. Its wait step commits, in one transaction, the
+// run's state (sleeping or awaiting), its wake-up time and the River job that wakes it then
+// ([WakeArgs]); the caller of Run gets idem.ErrInFlight. [Engine.SignalTx] records a signal in
+// the caller's transaction and inserts the wake job there too, so a signal exists if and only
+// if that transaction commits. The woken run replays its history up to the wait and goes on.
+// Stale wake jobs (the run was woken already, finished, cancelled) do nothing. Runs publish
+// values with steps.SetEvent, read with [Engine.EventGet]. RunOpts.Timeout stores a deadline
+// with the run; a run past it stops at its next step boundary, or is woken for it, and is
+// stored as timed out ([ErrDeadlineExceeded]).
 //
 // # Telemetry
 //
@@ -100,6 +113,6 @@
 // completed step, and [Engine.RunFork] reruns a run from a step under a new key. None of them
 // needs the workflow registered, so cmd/idem offers them to operators.
 //
-// Tables: idem.Migrate creates them (idem_keys, idem_runs and idem_steps; see schema.sql), and
-// River's own with rivermigrate.
+// Tables: idem.Migrate creates them (idem_keys, idem_runs, idem_steps, idem_signals and
+// idem_events; see schema.sql), and River's own with rivermigrate.
 package workflow

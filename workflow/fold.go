@@ -88,7 +88,7 @@ func (rs *runState) heldGone() {
 func (rs *runState) startArgs(start *pendingStart) []any {
 	e := rs.e
 	return []any{rs.scope, rs.id, start.fingerprint, rs.def.Name(), start.input, rs.token, e.owner, e.cfg.Lease.Microseconds(), start.trace,
-		store.LockID(e.cfg.Schema, rs.scope, rs.id)}
+		store.LockID(e.cfg.Schema, rs.scope, rs.id), timeoutMicros(rs.timeout)}
 }
 
 // flushStart writes the run's row now, when it is still pending: before a step that is not a
@@ -264,6 +264,8 @@ func (e *Engine) reload(ctx context.Context, rs *runState) (out []byte, finished
 		return nil, true, failedFromStored(rs.def.Name(), key, row.output)
 	case store.RunState(*row.state) == store.RunCancelled:
 		return nil, true, cancelledFromStored(rs.def.Name(), key, row.output)
+	case store.RunState(*row.state) == store.RunTimedOut:
+		return nil, true, timedOutFromStored(rs.def.Name(), key, row.output)
 	case row.token == nil || *row.token != rs.token:
 		return nil, false, fmt.Errorf("workflow: run of key %q in scope %q has another owner: %w", rs.id, rs.scope, ErrLeaseLost)
 	default:

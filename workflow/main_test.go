@@ -167,13 +167,13 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-// waitFinished waits for the run to leave state running.
+// waitFinished waits for the run to finish: to leave state running, and not to wait.
 func (b *testBundle) waitFinished(t testing.TB, key idem.Key) string {
 	t.Helper()
 	var state string
 	eventually(t, 20*time.Second, "run "+key.ID+" to finish", func() bool {
 		state, _ = b.state(t, key)
-		return state != "running"
+		return state != "running" && state != "sleeping" && state != "awaiting"
 	})
 	return state
 }

@@ -42,7 +42,7 @@ type ScanArgs struct{}
 // Kind implements river.JobArgs.
 func (ScanArgs) Kind() string { return "idem_workflow_scan" }
 
-// AddWorkers registers the engine's River workers (resume, scan, and idemriver's reap job) in
+// AddWorkers registers the engine's River workers (resume, wake, scan, and idemriver's reap job) in
 // the application's workers bundle. Run them in the application's own River client: two clients in one schema
 // discard each other's jobs.
 //
@@ -59,6 +59,7 @@ func (e *Engine) AddWorkers(workers *river.Workers) error {
 	return errors.Join(
 		river.AddWorkerSafely[ResumeArgs](workers, &resumeWorker{e: e}),
 		river.AddWorkerSafely[ScanArgs](workers, &scanWorker{e: e}),
+		river.AddWorkerSafely[WakeArgs](workers, &wakeWorker{e: e}),
 		river.AddWorkerSafely[idemriver.ReapArgs](workers, reaper),
 	)
 }
@@ -90,7 +91,9 @@ type scanWorker struct {
 	e *Engine
 }
 
-func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error { return w.e.scan(ctx) }
+func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error {
+	return errors.Join(w.e.scan(ctx), w.e.scanOverdue(ctx))
+}
 
 // scan inserts a resume job for each run whose lease expired, in the transaction that holds
 // those runs with FOR UPDATE SKIP LOCKED: a run is either handed to a job or left for the next
@@ -194,7 +197,7 @@ func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *ins
 	e.log.InfoContext(ctx, "workflow: resuming run", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt,
 		"recovery_point", row.recoveryPoint, "lease_expired_for", time.Duration(row.expiredFor*float64(time.Second)).Round(time.Millisecond))
 	_, err = e.execute(ctx, rs, input)
-	if err != nil && !errors.Is(err, ErrFailed) && !errors.Is(err, ErrCancelled) {
+	if err != nil && !quietEnd(err) {
 		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", err)
 	}
 	return runOutcome(err, false), nil

@@ -32,6 +32,12 @@ type runState struct {
 	history []stepRecord
 	cancel  context.CancelCauseFunc
 
+	deadline time.Time     // when the run times out, by this process's clock; zero for never
+	timeout  time.Duration // RunOpts.Timeout, for a run whose row is not written yet
+	dbNow    int64         // Postgres's clock when this process took the run, µs (see SleepStep)
+
+	retryAfter time.Duration // for a suspended run: until its wake-up, as a hint to callers
+
 	mu           sync.Mutex
 	next         int           // seq of the next step, from 1
 	busy         string        // name of the step in progress, "" when none
@@ -159,11 +165,11 @@ func (e *Engine) heldByDo(ctx context.Context, name string, key idem.Key) error 
 
 // runOrJoin is Workflow.Run without the types: start, replay, take over or report in flight,
 // and with wait > 0, poll an in-flight run until it finishes or wait runs out.
-func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, wait time.Duration) ([]byte, bool, error) {
+func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, wait, timeout time.Duration) ([]byte, bool, error) {
 	deadline := time.Now().Add(wait)
 	pause := 10 * time.Millisecond
 	for {
-		out, replayed, err := e.tryRun(ctx, def, key, fingerprint, input)
+		out, replayed, err := e.tryRun(ctx, def, key, fingerprint, input, timeout)
 		if wait <= 0 || !errors.Is(err, idem.ErrInFlight) {
 			return out, replayed, err
 		}
@@ -180,8 +186,9 @@ func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fi
 
 // tryRun settles one call: it runs the workflow (replayed false), or answers from what is stored
 // (replayed true), or says why not.
-func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte) (out []byte, replayed bool, err error) {
+func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, timeout time.Duration) (out []byte, replayed bool, err error) {
 	lease := e.cfg.Lease.Microseconds()
+	timeoutArg := timeoutMicros(timeout)
 	name := def.Name()
 	trace := nullable(traceparent(ctx))
 	// Each pass either settles the call or saw the row change under it (created by a
@@ -210,8 +217,9 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		if !found && e.pool() != nil {
 			// A new run. Its row is written with its first step (see fold.go); a key taken
 			// meanwhile comes back as errKeyTaken, and is looked up again.
-			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, token: token, attempt: 1, next: 1,
+			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, token: token, attempt: 1, next: 1, timeout: timeout,
 				pendingStart: &pendingStart{fingerprint: fingerprint, input: input, trace: trace}}
+			rs.startClock(0)
 			out, err := e.execute(ctx, rs, input)
 			if !errors.Is(err, errKeyTaken) {
 				return out, false, err
@@ -220,26 +228,30 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		}
 		if !found {
 			err := e.db.QueryRow(ctx, e.st.Runs.Start, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace,
-				store.LockID(e.cfg.Schema, key.Scope, key.ID)).Scan(&created)
+				store.LockID(e.cfg.Schema, key.Scope, key.ID), timeoutArg).Scan(&created)
 			if errors.Is(err, pgx.ErrNoRows) {
 				continue
 			}
 			if err != nil {
 				return nil, false, fmt.Errorf("workflow: error starting run: %w", err)
 			}
-			out, err := e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
+			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1, timeout: timeout}
+			rs.startClock(created)
+			out, err := e.execute(ctx, rs, input)
 			return out, false, err
 		}
 		if row.reusable() {
 			var leaseAt int64
-			err := e.db.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace, 1, true).Scan(&created, &leaseAt)
+			err := e.db.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace, 1, true, timeoutArg).Scan(&created, &leaseAt)
 			if errors.Is(err, pgx.ErrNoRows) {
 				continue
 			}
 			if err != nil {
 				return nil, false, fmt.Errorf("workflow: error reusing expired key: %w", err)
 			}
-			out, err := e.execute(ctx, &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1}, input)
+			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1, timeout: timeout}
+			rs.startClock(created)
+			out, err := e.execute(ctx, rs, input)
 			return out, false, err
 		}
 		if err := row.claimed(name, key, fingerprint); err != nil {
@@ -252,6 +264,11 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			return nil, true, failedFromStored(name, key, row.output)
 		case store.RunCancelled:
 			return nil, true, cancelledFromStored(name, key, row.output)
+		case store.RunTimedOut:
+			return nil, true, timedOutFromStored(name, key, row.output)
+		case store.RunSleeping, store.RunAwaiting:
+			// Waiting for a River job to wake it; whoever runs that job finishes the run.
+			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
 		}
 		switch {
 		case row.leaseLive:
@@ -290,13 +307,16 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 	rs := &runState{e: e, def: def, scope: scope, id: id, token: uuid.New(), next: 1}
 	var input []byte
 	var trace string
-	err := e.db.QueryRow(ctx, e.st.Runs.Takeover, scope, id, rs.token, old, e.cfg.Lease.Microseconds(), e.owner).Scan(&rs.attempt, &input, &rs.created, &trace)
+	var now int64
+	var deadline *int64
+	err := e.db.QueryRow(ctx, e.st.Runs.Takeover, scope, id, rs.token, old, e.cfg.Lease.Microseconds(), e.owner).Scan(&rs.attempt, &input, &rs.created, &trace, &now, &deadline)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, nil
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("workflow: error taking over run: %w", err)
 	}
+	rs.setClock(now, deadline)
 	// The history is read after the lease is ours: no other process can add a step now, so the
 	// history cannot grow behind our back.
 	if rs.history, err = e.history(ctx, scope, id); err != nil {
@@ -348,7 +368,7 @@ func (e *Engine) executeRestarting(ctx context.Context, rs *runState, input []by
 		}
 		out, finished, rerr := e.reload(ctx, rs)
 		switch {
-		case rerr != nil && errors.Is(rerr, ErrFailed), rerr != nil && errors.Is(rerr, ErrCancelled):
+		case rerr != nil && (errors.Is(rerr, ErrFailed) || errors.Is(rerr, ErrCancelled) || errors.Is(rerr, ErrDeadlineExceeded)):
 			return nil, rerr
 		case rerr != nil:
 			return nil, e.abandon(ctx, rs, &machineryError{rerr})
@@ -375,6 +395,11 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ([
 	case errors.Is(stopped, errRestart), errors.Is(stopped, errKeyTaken):
 		rs.rollbackHeld(ctx)
 		return nil, stopped
+	case errors.Is(stopped, errSuspended):
+		rs.rollbackHeld(ctx) // nothing is held: the suspension committed what was
+		return nil, rs.suspendedError()
+	case errors.Is(stopped, errDeadline):
+		return nil, rs.timeOut(ctx)
 	case stopped != nil:
 		return nil, e.abandon(ctx, rs, stopped)
 	case context.Cause(runCtx) != nil:

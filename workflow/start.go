@@ -56,7 +56,7 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	}
 	trace := nullable(traceparent(ctx))
 	var generation int64
-	err = t.QueryRow(ctx, e.st.Runs.Enqueue, key.Scope, key.ID, fingerprint, w.name, input, trace).Scan(&generation)
+	err = t.QueryRow(ctx, e.st.Runs.Enqueue, key.Scope, key.ID, fingerprint, w.name, input, trace, nil).Scan(&generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var row keyRow
 		var found bool
@@ -71,7 +71,7 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 		}
 		// An expired, finished key is a new key, as for Run: take it, ownerless.
 		var created int64
-		err = t.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, w.name, input, nil, nil, int64(0), trace, 0, false).Scan(&created, &generation)
+		err = t.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, w.name, input, nil, nil, int64(0), trace, 0, false, nil).Scan(&created, &generation)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("workflow: key %q in scope %q changed while the run was being started; try again", key.ID, key.Scope)
 		}

@@ -266,6 +266,9 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 		return rec.output, nil
 	}
 
+	if rs.deadlinePassed() {
+		return nil, rs.stop(errDeadline)
+	}
 	if err := rs.boundary(ctx, inPostgres); err != nil {
 		return nil, err
 	}

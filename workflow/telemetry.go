@@ -89,6 +89,8 @@ func runOutcome(err error, replayed bool) string {
 		return "cancelled"
 	case errors.Is(err, ErrFailed):
 		return "failed"
+	case errors.Is(err, ErrDeadlineExceeded):
+		return "timed_out"
 	case errors.Is(err, idem.ErrInFlight):
 		return "in_flight"
 	case errors.Is(err, idem.ErrMismatch):

@@ -111,6 +111,16 @@ type RunOpts struct {
 	//	var replayed bool
 	//	receipt, err := Payout.Run(ctx, engine, key, req, &workflow.RunOpts{Replayed: &replayed})
 	Replayed *bool
+
+	// Timeout gives a run that this call starts a deadline: Timeout after its start, by
+	// Postgres's clock, stored with the run so that it holds across resumes, sleeps and awaits.
+	// When it passes, the run stops at its next step boundary (a sleeping or awaiting run is
+	// woken for it) and is stored as timed out: this and every later call with its key gets a
+	// *TimedOutError (errors.Is(err, workflow.ErrDeadlineExceeded)). A step in progress is not
+	// interrupted. It applies only when this call starts the run. Default 0: no deadline.
+	//
+	//	_, err := Payout.Run(ctx, engine, key, req, &workflow.RunOpts{Timeout: 24 * time.Hour})
+	Timeout time.Duration
 }
 
 // Run starts the run for key with input in, or continues it, and returns its output.
@@ -123,6 +133,10 @@ type RunOpts struct {
 //     waits and then returns the result.
 //   - In progress, but its owner died (the lease expired): this call takes the run over and
 //     continues it from its last completed step.
+//   - Waiting (steps.Sleep, steps.Await), now or after this call got it there: idem.ErrInFlight.
+//     A River job continues the run when its wait ends; with RunOpts.Wait, Run waits for the
+//     outcome.
+//   - Timed out (RunOpts.Timeout): a *TimedOutError, as every retry gets.
 //   - Same key with a different input, or a different workflow, or a key of idem.Do:
 //     idem.ErrMismatch. The input's fingerprint is key.Fingerprint if set, else a digest of the
 //     workflow's name and the input's JSON.
@@ -158,6 +172,9 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if opts.Wait < 0 {
 		return zero, fmt.Errorf("workflow: RunOpts.Wait cannot be negative (got %s)", opts.Wait)
 	}
+	if opts.Timeout < 0 {
+		return zero, fmt.Errorf("workflow: RunOpts.Timeout cannot be negative (got %s)", opts.Timeout)
+	}
 	if err := e.heldByDo(ctx, w.name, key); err != nil {
 		return zero, err
 	}
@@ -171,7 +188,7 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	}
 	ctx, span := e.tel.Tracer.Start(ctx, "idem.workflow.run", trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(telemetry.Workflow.String(w.name), telemetry.Scope.String(key.Scope)))
-	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait)
+	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait, opts.Timeout)
 	if span.IsRecording() {
 		span.SetAttributes(telemetry.Replayed.Bool(replayed))
 	}

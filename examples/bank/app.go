@@ -52,6 +52,13 @@ CREATE TABLE IF NOT EXISTS bank_payouts (
     reason     text,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+-- Webhooks from the provider, as received (a delivery repeated by the provider is one row).
+CREATE TABLE IF NOT EXISTS bank_webhooks (
+    event_id    text PRIMARY KEY,
+    charge_id   text NOT NULL,
+    ref         text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now()
+);
 CREATE TABLE IF NOT EXISTS bank_notifications (
     job_id       bigint PRIMARY KEY,
     event        text NOT NULL,
@@ -61,7 +68,7 @@ CREATE TABLE IF NOT EXISTS bank_notifications (
 -- The payment provider's own table: in real life another company's database.
 CREATE TABLE IF NOT EXISTS provider_charges (
     idem_key   text PRIMARY KEY,
-    status     text NOT NULL CHECK (status IN ('charged', 'declined', 'canceled')),
+    status     text NOT NULL CHECK (status IN ('pending', 'charged', 'declined', 'canceled')),
     charge_id  text,
     account    bigint,
     amount     bigint,
@@ -178,6 +185,7 @@ func start(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *slog.
 		return nil, fmt.Errorf("error listening on %s: %w", opts.addr, err)
 	}
 	a.url = "http://" + ln.Addr().String()
+	a.provider.setWebhook(a.url + "/webhooks/provider")
 	handler, err := a.routes()
 	if err != nil {
 		_ = ln.Close()

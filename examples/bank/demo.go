@@ -139,6 +139,44 @@ func demo(ctx context.Context, a *app, out io.Writer) error {
 	d.line("POST", "/payouts", kd, up.status, "alice withdraws 20 (sent while down) → "+rc.ChargeID, up.replayed)
 	expect(up.status == 200, "the payout should settle once the provider is back (got %d)", up.status)
 
+	d.section("a payout the provider confirms later, by a webhook it delivers twice")
+	kc := newKey("po")
+	hooksBefore := a.provider.hooks.Load()
+	waiting := d.payoutWith(ctx, d.once, kc, alice, 40, true, "alice withdraws 40; confirmed by webhook")
+	expect(waiting.status == 409, "the payout should await the confirmation (got %d)", waiting.status)
+	fmt.Fprintf(out, "   the payout awaits the webhook holding nothing: no lease, no goroutine, no worker\n")
+	err = d.wait(ctx, "the webhook to wake the payout", 30*time.Second, func() (bool, error) {
+		var state string
+		err := a.pool.QueryRow(ctx, `SELECT state FROM idem_runs WHERE scope = 'customer:alice' AND id = $1`, kc).Scan(&state)
+		return state == "done", err
+	})
+	expect(err == nil, "the confirmed payout did not finish: %v", err)
+	err = d.wait(ctx, "the second delivery", 30*time.Second, func() (bool, error) { return a.provider.hooks.Load()-hooksBefore >= 2, nil })
+	expect(err == nil, "the provider did not deliver its webhook twice: %v", err)
+	var webhooks, signals int
+	_ = a.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bank_webhooks WHERE ref = 'customer:alice/' || $1::text),
+	(SELECT count(*) FROM idem_signals WHERE scope = 'customer:alice' AND id = $1)`, kc).Scan(&webhooks, &signals)
+	fmt.Fprintf(out, "   the provider delivered its webhook %d times: %d recorded, %d signal (deduplicated by its event id)\n",
+		a.provider.hooks.Load()-hooksBefore, webhooks, signals)
+	confirmed := d.payoutWith(ctx, d.client, kc, alice, 40, true, "retried: the confirmed payout")
+	expect(confirmed.status == 200 && confirmed.replayed && webhooks == 1 && signals == 1, "the confirmed payout should settle once, woken by one signal")
+
+	d.section("a payout whose confirmation never comes: the timeout releases the hold")
+	a.provider.withholdConfirmations(1)
+	kt := newKey("po")
+	never := d.payoutWith(ctx, d.once, kt, alice, 25, true, "alice withdraws 25; no webhook will come")
+	expect(never.status == 409, "the payout should await the confirmation (got %d)", never.status)
+	err = d.wait(ctx, fmt.Sprintf("the %s timeout", confirmTimeout), 30*time.Second, func() (bool, error) {
+		var state string
+		err := a.pool.QueryRow(ctx, `SELECT state FROM idem_runs WHERE scope = 'customer:alice' AND id = $1`, kt).Scan(&state)
+		return state == "done", err
+	})
+	expect(err == nil, "the unconfirmed payout did not finish: %v", err)
+	released := d.payoutWith(ctx, d.client, kt, alice, 25, true, "retried: funds released, charge canceled")
+	var canceled int
+	_ = a.pool.QueryRow(ctx, `SELECT count(*) FROM provider_charges WHERE status = 'canceled' AND charge_id IS NOT NULL`).Scan(&canceled)
+	expect(released.status == 402 && released.replayed && canceled == 1, "the unconfirmed payout should be released, its pending charge canceled")
+
 	d.section("checked in Postgres")
 	var l *ledger
 	err = d.wait(ctx, "notifications to be delivered", 30*time.Second, func() (bool, error) {
@@ -203,6 +241,8 @@ func (d *demoClient) line(method, path, key string, status int, note string, rep
 		how = "no answer"
 	case status >= 500:
 		how = "failed"
+	case status == http.StatusConflict:
+		how = "in flight"
 	case status >= 400 && status != http.StatusPaymentRequired:
 		how = "refused"
 	}
@@ -258,10 +298,19 @@ func (d *demoClient) transfer(ctx context.Context, c *http.Client, key string, f
 }
 
 func (d *demoClient) payout(ctx context.Context, c *http.Client, key string, account, amount int64, note string) response {
+	return d.payoutWith(ctx, c, key, account, amount, false, note)
+}
+
+// payoutWith sends a payout; with confirm, the provider confirms its charge later, by webhook.
+func (d *demoClient) payoutWith(ctx context.Context, c *http.Client, key string, account, amount int64, confirm bool, note string) response {
 	d.mu.Lock()
 	customer := d.owners[account]
 	d.mu.Unlock()
-	r := d.send(ctx, c, "POST", "/payouts", customer, key, map[string]int64{"account": account, "amount": amount})
+	body := map[string]any{"account": account, "amount": amount}
+	if confirm {
+		body["confirm"] = true
+	}
+	r := d.send(ctx, c, "POST", "/payouts", customer, key, body)
 	var rc payoutReceipt
 	if json.Unmarshal(r.body, &rc) == nil && rc.ChargeID != "" {
 		note += " → " + rc.ChargeID

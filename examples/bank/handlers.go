@@ -76,6 +76,7 @@ func (a *app) routes() (http.Handler, error) {
 	// Payouts are a workflow, which keeps its own key: the middleware would hold a transaction
 	// open across the call to the provider.
 	mux.HandleFunc("POST /payouts", a.createPayout)
+	mux.HandleFunc("POST /webhooks/provider", a.providerWebhook)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	return mux, nil
 }
@@ -264,6 +265,7 @@ func (a *app) createPayout(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Account int64 `json:"account"`
 		Amount  int64 `json:"amount"`
+		Confirm bool  `json:"confirm"` // the provider confirms the charge later, by webhook
 	}
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Amount <= 0 {
 		writeProblem(w, http.StatusBadRequest, "invalid-request", "Invalid payout", `Send {"account": id, "amount": > 0}.`, nil)
@@ -282,7 +284,7 @@ func (a *app) createPayout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var replayed bool
-	in := payoutInput{Scope: scope, Key: id, Account: req.Account, Amount: req.Amount}
+	in := payoutInput{Scope: scope, Key: id, Account: req.Account, Amount: req.Amount, Confirm: req.Confirm}
 	rc, err := a.payout.Run(r.Context(), a.engine, idem.Key{Scope: scope, ID: id}, in, &workflow.RunOpts{Replayed: &replayed})
 
 	var inFlight *idem.InFlightError

@@ -2,7 +2,11 @@
 // idemhttp.Middleware, with a River job as the outbox) and payouts (a workflow that reserves
 // money, charges a payment provider, settles or releases, and notifies). The payment provider is
 // a fake HTTP service started in the same process; it honours its own Idempotency-Key and keeps
-// its charges in a Postgres table, so they survive the bank and can be counted.
+// its charges in a Postgres table, so they survive the bank and can be counted. A payout sent with
+// "confirm": true gets a pending charge, which the provider confirms later by a webhook that it
+// delivers twice; the webhook handler signals the payout in its own transaction, deduplicated by
+// the provider's event id, and a payout that hears nothing within its timeout cancels the charge
+// and releases the hold.
 //
 // Without flags it plays a self-driving demo against a throwaway Postgres (or the one in
 // DATABASE_URL), narrates every request, checks what it claimed against the database, and exits

@@ -25,7 +25,13 @@ type payoutInput struct {
 	Key     string `json:"key"`
 	Account int64  `json:"account"`
 	Amount  int64  `json:"amount"`
+	// Confirm asks the provider for a charge that it confirms later, by webhook; the payout
+	// awaits the confirmation and releases the funds when none comes in time.
+	Confirm bool `json:"confirm,omitempty"`
 }
+
+// confirmTimeout is how long a payout awaits the provider's confirmation of its charge.
+const confirmTimeout = 2 * time.Second
 
 // payoutReceipt is the payout's outcome, stored with its key and replayed to every retry.
 type payoutReceipt struct {
@@ -72,7 +78,7 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 		}
 
 		ch, err := steps.Call(ctx, "charge", func(ctx context.Context, key string) (chargeResult, error) {
-			res, err := a.provider.client.charge(ctx, key, in.Account, in.Amount)
+			res, err := a.provider.client.charge(ctx, key, in.Account, in.Amount, in.Confirm, in.Scope+"/"+in.Key)
 			if err == nil {
 				// The provider has charged, the checkpoint is not written yet: the worst moment
 				// to die, and the reason the key must be stable.
@@ -92,6 +98,30 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 		if err != nil {
 			// Funds stay held, and the stored failure tells the operator why.
 			return rc, err
+		}
+		if ch.Pending {
+			// The run gives up its goroutine and lease here until the provider's webhook
+			// signals it (see providerWebhook) or the timeout passes.
+			chargeID, err := steps.Await[string](ctx, "confirmation", "charge.confirmed", confirmTimeout)
+			switch {
+			case errors.Is(err, workflow.ErrAwaitTimeout):
+				// No confirmation: cancel the pending charge, unless the provider confirmed
+				// it meanwhile (then resolve answers the charge, and the payout settles).
+				chargeKey := workflow.StepKey(idem.Key{Scope: in.Scope, ID: in.Key}, time.UnixMicro(h.RunCreated), chargeSeq, "charge")
+				ch, err = steps.Call(ctx, "cancel", func(ctx context.Context, _ string) (chargeResult, error) {
+					return a.provider.client.resolve(ctx, chargeKey)
+				}, &steps.Opts{MaxAttempts: 30, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second, Timeout: 10 * time.Second})
+				if err != nil {
+					return rc, err
+				}
+				if ch.ChargeID == "" {
+					ch.Reason = fmt.Sprintf("the provider did not confirm the charge within %s; it was canceled", confirmTimeout)
+				}
+			case err != nil:
+				return rc, err
+			default:
+				ch = chargeResult{ChargeID: chargeID}
+			}
 		}
 		if err := a.crash.reach(ctx, "payout:after-charge"); err != nil {
 			return rc, err

@@ -39,9 +39,12 @@ type provider struct {
 	flaky    float64 // probability of dropping the connection after charging
 	dropNext int     // drop the next n answers to a charge, whatever flaky says
 	slow     time.Duration
+	webhook  string // where confirmations of pending charges go
+	withhold int    // confirmations not to send, for the next n pending charges
 
 	refused atomic.Int64 // charges answered 503 because the provider was down
 	dropped atomic.Int64 // charges made whose answer was dropped
+	hooks   atomic.Int64 // webhooks delivered (each confirmation twice)
 }
 
 func startProvider(pool *pgxpool.Pool, flaky float64, slow time.Duration) (*provider, error) {
@@ -81,15 +84,40 @@ func (p *provider) dropAnswers(n int) {
 	p.dropNext = n
 }
 
+// setWebhook tells the provider where to send confirmations.
+func (p *provider) setWebhook(url string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.webhook = url
+}
+
+// withholdConfirmations makes the provider never confirm the next n pending charges.
+func (p *provider) withholdConfirmations(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.withhold = n
+}
+
 type chargeRequest struct {
 	Account int64 `json:"account"`
 	Amount  int64 `json:"amount"`
+	// Confirm asks for a pending charge, confirmed later by a webhook that carries Ref.
+	Confirm bool   `json:"confirm,omitempty"`
+	Ref     string `json:"ref,omitempty"`
 }
 
 // chargeResult is the charge step's output: a charge, or why there is none.
 type chargeResult struct {
 	ChargeID string `json:"charge_id,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	Pending  bool   `json:"pending,omitempty"` // to be confirmed by webhook
+}
+
+// webhookEvent is what the provider posts to the bank when it confirms a pending charge.
+type webhookEvent struct {
+	EventID  string `json:"event_id"`
+	ChargeID string `json:"charge_id"`
+	Ref      string `json:"ref"`
 }
 
 func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
@@ -116,8 +144,11 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status := "charged"
-	if req.Amount > declineAbove {
+	switch {
+	case req.Amount > declineAbove:
 		status = "declined"
+	case req.Confirm:
+		status = "pending"
 	}
 	// The first request with a key decides; every later one reads what it decided.
 	var got struct {
@@ -126,7 +157,7 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	err = p.pool.QueryRow(r.Context(), `WITH ins AS (
 	INSERT INTO provider_charges (idem_key, status, charge_id, account, amount)
-	VALUES ($1, $2, CASE WHEN $2 = 'charged' THEN 'ch_' || left(md5(random()::text), 8) END, $3, $4)
+	VALUES ($1, $2, CASE WHEN $2 IN ('charged', 'pending') THEN 'ch_' || left(md5(random()::text), 8) END, $3, $4)
 	ON CONFLICT (idem_key) DO NOTHING
 	RETURNING status, coalesce(charge_id, ''), account, amount
 )
@@ -158,6 +189,11 @@ SELECT status, coalesce(charge_id, ''), coalesce(account, 0), coalesce(amount, 0
 		writeJSON(w, http.StatusPaymentRequired, chargeResult{Reason: fmt.Sprintf("the provider declined %d", req.Amount)})
 		return
 	}
+	if got.status == "pending" {
+		go p.confirmLater(key, got.chargeID, req.Ref)
+		writeJSON(w, http.StatusAccepted, chargeResult{ChargeID: got.chargeID, Pending: true})
+		return
+	}
 	writeJSON(w, http.StatusOK, chargeResult{ChargeID: got.chargeID})
 }
 
@@ -171,11 +207,53 @@ func (p *provider) shouldDrop() bool {
 	return p.flaky > 0 && rand.Float64() < p.flaky
 }
 
+// confirmLater confirms a pending charge a moment later, unless it is withheld or was canceled
+// meanwhile, and tells the bank by webhook, twice, as providers that deliver at least once do.
+func (p *provider) confirmLater(key, chargeID, ref string) {
+	time.Sleep(200 * time.Millisecond)
+	p.mu.Lock()
+	url, withhold := p.webhook, p.withhold > 0
+	if withhold {
+		p.withhold--
+	}
+	p.mu.Unlock()
+	if withhold || url == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tag, err := p.pool.Exec(ctx, `UPDATE provider_charges SET status = 'charged' WHERE idem_key = $1 AND status = 'pending'`, key)
+	if err != nil || tag.RowsAffected() == 0 {
+		return // canceled by the bank, or confirmed by an earlier request with the key
+	}
+	body, _ := json.Marshal(webhookEvent{EventID: "evt_" + chargeID, ChargeID: chargeID, Ref: ref})
+	for delivered := 0; delivered < 2 && ctx.Err() == nil; {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := p.client.http.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				delivered++
+				p.hooks.Add(1)
+				continue
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // the bank is restarting, say: deliver again
+	}
+}
+
 // resolve answers what became of a charge key, and cancels the key if nothing was charged under
-// it, so that a request still on its way cannot charge later.
+// it (or the charge under it is still pending), so that a request still on its way, or a late
+// confirmation, cannot charge later.
 func (p *provider) resolve(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	var status, chargeID string
+	if _, err := p.pool.Exec(r.Context(), `UPDATE provider_charges SET status = 'canceled' WHERE idem_key = $1 AND status = 'pending'`, key); err != nil {
+		http.Error(w, "provider database error", http.StatusServiceUnavailable)
+		return
+	}
 	err := p.pool.QueryRow(r.Context(), `WITH ins AS (
 	INSERT INTO provider_charges (idem_key, status) VALUES ($1, 'canceled') ON CONFLICT (idem_key) DO NOTHING RETURNING status, ''
 )
@@ -202,8 +280,16 @@ type providerClient struct {
 // errDeclined marks a charge the provider refused for good.
 var errDeclined = errors.New("declined")
 
-func (c *providerClient) charge(ctx context.Context, key string, account, amount int64) (chargeResult, error) {
-	body, _ := json.Marshal(chargeRequest{Account: account, Amount: amount})
+func (c *providerClient) charge(ctx context.Context, key string, account, amount int64, confirm bool, ref string) (chargeResult, error) {
+	req := chargeRequest{Account: account, Amount: amount, Confirm: confirm}
+	if confirm {
+		req.Ref = ref
+	}
+	return c.post(ctx, key, req)
+}
+
+func (c *providerClient) post(ctx context.Context, key string, charge chargeRequest) (chargeResult, error) {
+	body, _ := json.Marshal(charge)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/charges", bytes.NewReader(body))
 	if err != nil {
 		return chargeResult{}, err
@@ -214,7 +300,7 @@ func (c *providerClient) charge(ctx context.Context, key string, account, amount
 	switch {
 	case err != nil:
 		return res, err // retried by the step, with the same key
-	case status == http.StatusOK:
+	case status == http.StatusOK, status == http.StatusAccepted:
 		return res, nil
 	case status == http.StatusPaymentRequired:
 		return res, nil // a decline is an answer, stored like a charge
@@ -248,7 +334,7 @@ func (c *providerClient) do(req *http.Request, v any) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusPaymentRequired {
+	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusAccepted || resp.StatusCode == http.StatusPaymentRequired {
 		if err := json.Unmarshal(data, v); err != nil {
 			return 0, fmt.Errorf("provider answered %d with a body that is not a charge: %w", resp.StatusCode, err)
 		}

@@ -7,7 +7,7 @@ type ReapStatements struct {
 	// without waiting for each other, and passes over a key that a Do is replacing right now.
 	Keys string
 
-	// Runs deletes up to $1 finished, expired runs with their steps and keys. A running run has
+	// Runs deletes up to $1 finished, expired runs with their steps, keys, signals and events. A running run has
 	// no expiry and is never deleted. Returns the number of runs deleted.
 	Runs string
 }
@@ -26,6 +26,10 @@ func reapStatements(t Tables) ReapStatements {
 	DELETE FROM {steps} s USING runs d WHERE s.scope = d.scope AND s.id = d.id
 ), keys AS (
 	DELETE FROM {keys} k USING runs d WHERE k.scope = d.scope AND k.id = d.id AND k.workflow IS NOT NULL
+), signals AS (
+	DELETE FROM {signals} g USING runs d WHERE g.scope = d.scope AND g.id = d.id
+), events AS (
+	DELETE FROM {events} v USING runs d WHERE v.scope = d.scope AND v.id = d.id
 )
 SELECT count(*) FROM runs`),
 	}

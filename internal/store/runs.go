@@ -9,17 +9,27 @@ import (
 // RunState is the state of a workflow run, as stored in idem_runs.state.
 type RunState string
 
-// The states of a run. A run is running until it finishes as done, failed or cancelled; only a
-// running run has a lease, and only a finished one expires.
+// The states of a run. A run is running until it finishes as done, failed, cancelled or timed
+// out; it may wait (sleeping or awaiting a signal) in between. Only a running run has a lease,
+// only a finished one expires, and a waiting one has neither: a River job wakes it.
 const (
 	RunRunning   RunState = "running"
+	RunSleeping  RunState = "sleeping"
+	RunAwaiting  RunState = "awaiting"
 	RunDone      RunState = "done"
 	RunFailed    RunState = "failed"
 	RunCancelled RunState = "cancelled"
+	RunTimedOut  RunState = "timed_out"
 )
 
 // Finished reports whether s is a final state.
-func (s RunState) Finished() bool { return s == RunDone || s == RunFailed || s == RunCancelled }
+func (s RunState) Finished() bool {
+	return s == RunDone || s == RunFailed || s == RunCancelled || s == RunTimedOut
+}
+
+// Waiting reports whether s is a state in which the run holds nothing and waits for a River job
+// to wake it.
+func (s RunState) Waiting() bool { return s == RunSleeping || s == RunAwaiting }
 
 // RunStatements are package workflow's statements on idem_runs and idem_steps. Their arguments
 // are listed as $n = name.
@@ -30,12 +40,13 @@ type RunStatements struct {
 	// now): it takes that lock without waiting, as Do does, so a duplicate start is answered at
 	// once instead of parking on the other's uncommitted row.
 	// $1 scope, $2 id, $3 fingerprint, $4 workflow, $5 input, $6 lease token, $7 lease owner,
-	// $8 lease µs, $9 trace context, $10 lock id. Returns created_at in µs.
+	// $8 lease µs, $9 trace context, $10 lock id, $11 timeout µs (the deadline is created_at
+	// plus it; NULL for none). Returns created_at in µs.
 	Start string
 
 	// Enqueue is Start for StartTx: a run with no owner yet (no token, a lease that is already
 	// over), so that the resume job inserted beside it takes it at once.
-	// $1 scope, $2 id, $3 fingerprint, $4 workflow, $5 input, $6 trace context.
+	// $1 scope, $2 id, $3 fingerprint, $4 workflow, $5 input, $6 trace context, $7 timeout µs.
 	// Returns lease_expires_at in µs, the generation that makes the resume job unique.
 	Enqueue string
 
@@ -44,14 +55,15 @@ type RunStatements struct {
 
 	// Replace gives a key that finished and expired (Do's or a run's) to a new run: the old run
 	// and its history are deleted and the key row rewritten in one statement, so that no step of
-	// the old run can be replayed into the new one. Arguments as Start, plus $10 attempts and
-	// $11 whether the lease is taken (false for StartTx). Returns created_at in µs, or no row if
+	// the old run can be replayed into the new one. Arguments as Start, plus $10 attempts,
+	// $11 whether the lease is taken (false for StartTx) and $12 timeout µs. Returns created_at in µs, or no row if
 	// the key was not reusable by the time the statement got to it.
 	Replace string
 
 	// Takeover takes the lease of a run whose lease expired and that still has the token the
 	// taker saw: of two takers, one wins. $1 scope, $2 id, $3 new token, $4 old token,
-	// $5 lease µs, $6 owner. Returns attempts, input, created_at µs, trace context.
+	// $5 lease µs, $6 owner. Returns attempts, input, created_at µs, trace context, now µs,
+	// deadline µs (or NULL).
 	Takeover string
 
 	// History reads a run's completed steps in order. $1 scope, $2 id.
@@ -114,7 +126,7 @@ type RunStatements struct {
 
 func runStatements(t Tables) RunStatements {
 	const newRun = `INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
-	lease_owner, lease_expires_at, trace_context, created_at, updated_at)`
+	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline)`
 	return RunStatements{
 		Start: t.render(`WITH key AS (
 	INSERT INTO {keys} (scope, id, workflow, created_at, expires_at)
@@ -123,7 +135,8 @@ func runStatements(t Tables) RunStatements {
 	RETURNING created_at
 )
 ` + newRun + `
-SELECT $1, $2, $4, 'running', $3, $5, 1, $6, $7, now() + $8::int8 @us, $9, created_at, created_at FROM key
+SELECT $1, $2, $4, 'running', $3, $5, 1, $6, $7, now() + $8::int8 @us, $9, created_at, created_at,
+	created_at + $11::int8 @us FROM key
 RETURNING (extract(epoch FROM created_at) * 1000000)::int8`),
 
 		Enqueue: t.render(`WITH key AS (
@@ -133,7 +146,7 @@ RETURNING (extract(epoch FROM created_at) * 1000000)::int8`),
 	RETURNING created_at
 )
 ` + newRun + `
-SELECT $1, $2, $4, 'running', $3, $5, 0, NULL, NULL, now(), $6, created_at, created_at FROM key
+SELECT $1, $2, $4, 'running', $3, $5, 0, NULL, NULL, now(), $6, created_at, created_at, created_at + $7::int8 @us FROM key
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		Lookup: t.render(`SELECT k.workflow, k.expires_at > now(), r.state, r.fingerprint, r.output, r.input,
@@ -149,6 +162,10 @@ WHERE k.scope = $1 AND k.id = $2`),
 	RETURNING 1
 ), old_steps AS (
 	DELETE FROM {steps} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM old_run)
+), old_signals AS (
+	DELETE FROM {signals} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM old_run)
+), old_events AS (
+	DELETE FROM {events} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM old_run)
 ), key AS (
 	UPDATE {keys} SET workflow = $4, fingerprint = NULL, result = NULL, created_at = statement_timestamp(),
 		expires_at = 'infinity'
@@ -158,14 +175,15 @@ WHERE k.scope = $1 AND k.id = $2`),
 )
 ` + newRun + `
 SELECT $1, $2, $4, 'running', $3, $5, $10, $6, $7,
-	CASE WHEN $11::bool THEN now() + $8::int8 @us ELSE now() END, $9, created_at, created_at FROM key
+	CASE WHEN $11::bool THEN now() + $8::int8 @us ELSE now() END, $9, created_at, created_at, created_at + $12::int8 @us FROM key
 RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		Takeover: t.render(`UPDATE {runs} SET lease_token = $3, lease_owner = $6, lease_expires_at = now() + $5::int8 @us,
 	attempts = attempts + 1, updated_at = now()
 WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now()
 	AND lease_token IS NOT DISTINCT FROM $4
-RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, '')`),
+RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
+	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8`),
 
 		History: t.render(`SELECT seq, name, kind, output, error, attempts FROM {steps} WHERE scope = $1 AND id = $2 ORDER BY seq`),
 

@@ -4,7 +4,7 @@
 //
 // Statements are plain strings, built once per Postgres schema and kept, so that the text of a
 // statement is identical on every call and pgx prepares it once per connection. Tables are named
-// in the source as {keys}, {runs}, {steps} and {migrations}, placeholders that cannot occur in an
+// in the source as {keys}, {runs}, {steps}, {signals}, {events} and {migrations}, placeholders that cannot occur in an
 // identifier; For replaces them with the names qualified by the schema, so an identifier that
 // merely contains a table's name (an index, a constraint) is never touched.
 //
@@ -30,7 +30,7 @@ import (
 
 // Tables are the qualified names of idem's tables in one schema.
 type Tables struct {
-	Keys, Runs, Steps, Migrations string
+	Keys, Runs, Steps, Migrations, Signals, Events string
 }
 
 // TablesIn returns the names of idem's tables in schema; "" leaves them unqualified, so that
@@ -42,13 +42,15 @@ func TablesIn(schema string) Tables {
 		}
 		return pgx.Identifier{schema, table}.Sanitize()
 	}
-	return Tables{Keys: name("idem_keys"), Runs: name("idem_runs"), Steps: name("idem_steps"), Migrations: name("idem_migrations")}
+	return Tables{Keys: name("idem_keys"), Runs: name("idem_runs"), Steps: name("idem_steps"), Migrations: name("idem_migrations"),
+		Signals: name("idem_signals"), Events: name("idem_events")}
 }
 
 // render names t's tables in sql, and spells durations given in microseconds as intervals.
 func (t Tables) render(sql string) string {
 	return strings.NewReplacer(
 		"{keys}", t.Keys, "{runs}", t.Runs, "{steps}", t.Steps, "{migrations}", t.Migrations,
+		"{signals}", t.Signals, "{events}", t.Events,
 		"@us", "* interval '1 microsecond'",
 	).Replace(sql)
 }
@@ -60,6 +62,7 @@ type Statements struct {
 	Runs   RunStatements
 	Reap   ReapStatements
 	Admin  AdminStatements
+	Waits  WaitStatements
 }
 
 var cache sync.Map // schema -> *Statements
@@ -70,7 +73,8 @@ func For(schema string) *Statements {
 		return s.(*Statements)
 	}
 	t := TablesIn(schema)
-	s := &Statements{Tables: t, Keys: keyStatements(t), Runs: runStatements(t), Reap: reapStatements(t), Admin: adminStatements(t)}
+	s := &Statements{Tables: t, Keys: keyStatements(t), Runs: runStatements(t), Reap: reapStatements(t), Admin: adminStatements(t),
+		Waits: waitStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }

@@ -1,0 +1,91 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
+)
+
+// ErrDeadlineExceeded is matched by a *TimedOutError: the run's deadline (RunOpts.Timeout)
+// passed before it finished. The run stopped at a step boundary and is stored as timed out;
+// every retry with its key gets the same error.
+//
+//	if errors.Is(err, workflow.ErrDeadlineExceeded) { ... } // final: do not retry with this key
+var ErrDeadlineExceeded = errors.New("workflow: run's deadline was exceeded")
+
+// TimedOutError is the stored outcome of a run whose deadline passed, returned to every call
+// with its key.
+//
+//	var timedOut *workflow.TimedOutError
+//	if errors.As(err, &timedOut) {
+//		log.Printf("payout %s timed out", timedOut.ID)
+//	}
+type TimedOutError struct {
+	Workflow  string // the workflow's name
+	Scope, ID string // the run's key
+	Message   string // as stored
+}
+
+// Error implements error.
+func (e *TimedOutError) Error() string {
+	return fmt.Sprintf("workflow %q (key %q in scope %q) timed out: %s", e.Workflow, e.ID, e.Scope, e.Message)
+}
+
+// Is makes errors.Is(err, ErrDeadlineExceeded) true.
+func (e *TimedOutError) Is(target error) bool { return target == ErrDeadlineExceeded }
+
+// errDeadline stops a run whose deadline passed: executeOnce stores it as timed out.
+var errDeadline = errors.New("workflow: the run's deadline passed")
+
+const deadlineMessage = "the run's deadline passed before it finished"
+
+func timedOutFromStored(name string, key idem.Key, result []byte) error {
+	f := failedFromStored(name, key, result).(*FailedError)
+	return &TimedOutError{Workflow: name, Scope: key.Scope, ID: key.ID, Message: f.Message}
+}
+
+// timeoutMicros is RunOpts.Timeout as a statement argument: NULL for none.
+func timeoutMicros(d time.Duration) any {
+	if d <= 0 {
+		return nil
+	}
+	return d.Microseconds()
+}
+
+// startClock sets the clocks of a run this process starts: created is Postgres's time of its
+// start in µs (0 when its row is not written yet).
+func (rs *runState) startClock(created int64) {
+	rs.dbNow = created
+	if rs.timeout > 0 {
+		rs.deadline = time.Now().Add(rs.timeout)
+	}
+}
+
+// setClock sets the clocks of a run taken over or woken: now is Postgres's time in µs, deadline
+// the stored deadline. The deadline is kept by this process's clock from here on, as an offset
+// from Postgres's now, so that clocks that disagree do not move it.
+func (rs *runState) setClock(now int64, deadline *int64) {
+	rs.dbNow = now
+	rs.deadline = time.Time{}
+	if deadline != nil {
+		rs.deadline = time.Now().Add(time.Duration(*deadline-now) * time.Microsecond)
+	}
+}
+
+func (rs *runState) deadlinePassed() bool {
+	return !rs.deadline.IsZero() && !time.Now().Before(rs.deadline)
+}
+
+// timeOut stores the run as timed out, with the held step and the pending writes.
+func (rs *runState) timeOut(ctx context.Context) error {
+	result := encodeFailure(deadlineMessage)
+	if err := rs.finish(ctx, store.RunTimedOut, result); err != nil {
+		rs.rollbackHeld(ctx)
+		return err
+	}
+	return timedOutFromStored(rs.def.Name(), idemKey(rs), result)
+}

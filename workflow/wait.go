@@ -1,0 +1,297 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
+)
+
+// A waiting run (a sleep, an await) holds nothing: its wait step commits, in one transaction,
+// the step's checkpoint (or, for an await, nothing yet), the run's state (sleeping or awaiting,
+// its lease cleared) and the River job that wakes it at its time. The goroutine that ran it
+// returns. The wake job takes the run with a new lease and replays it from its history, as a
+// resume does; the replayed wait step then passes, or consumes its signal, or times out.
+//
+// A wake job that finds the run no longer waiting at the step it was made for (woken already,
+// finished, cancelled, or a new run under a reused key) does nothing: stale jobs are harmless,
+// so a wait may leave several behind.
+
+// errSuspended stops a run that is now waiting: its process's part ends without an outcome, and
+// the wake job continues it.
+var errSuspended = errors.New("workflow: the run is waiting and will be woken by a River job")
+
+// WakeArgs is the River job that wakes a waiting run: at its wake-up time or deadline (a
+// sleep's end, an await's timeout), or at once when a signal it awaits is sent. It does nothing
+// when the run no longer waits at step Seq of generation Generation.
+//
+//	jobs, err := client.JobList(ctx, river.NewJobListParams().Kinds(workflow.WakeArgs{}.Kind()))
+type WakeArgs struct {
+	Scope      string `json:"scope"`
+	ID         string `json:"id"`
+	Generation int64  `json:"generation"` // the run's creation time in µs: a reused key is a new run
+	Seq        int    `json:"seq"`        // the waiting step's position
+	Reason     string `json:"reason"`     // "timer", "signal" or "scan", for operators
+}
+
+// Kind implements river.JobArgs.
+func (WakeArgs) Kind() string { return "idem_workflow_wake" }
+
+// Hooks gives wake jobs River's insert hook that makes a job due within River's scheduler
+// interval available at once (see wakeSoon).
+func (WakeArgs) Hooks() []rivertype.Hook { return []rivertype.Hook{&wakeSoon{}} }
+
+// schedulerLookAhead is River's scheduler interval (5s, not configurable in River v0.51): the
+// scheduler moves scheduled jobs due within it to available, and producers then fetch them when
+// they are due. A job inserted after the scheduler's last pass and due before its next waited for
+// that pass, up to 5s late.
+const schedulerLookAhead = 5 * time.Second
+
+// wakeSoon inserts a wake job that is due within schedulerLookAhead as available, as the
+// scheduler would have made it: producers still fetch it only once scheduled_at has passed (by
+// Postgres's clock), at their next poll (FetchPollInterval), so a short sleep wakes within that
+// poll instead of within the scheduler's interval.
+type wakeSoon struct{ river.HookDefaults }
+
+func (*wakeSoon) InsertBegin(_ context.Context, p *rivertype.JobInsertParams) error {
+	if p.State == rivertype.JobStateScheduled && p.ScheduledAt != nil && time.Until(*p.ScheduledAt) < schedulerLookAhead {
+		p.State = rivertype.JobStateAvailable
+	}
+	return nil
+}
+
+// waitRow is the run as a wait step's transaction locked it.
+type waitRow struct {
+	now      int64  // Postgres's clock, µs
+	deadline *int64 // µs
+	seq      *int   // the step that waited last, and for what, until when
+	name     *string
+	wakeAt   *int64
+}
+
+// waitTx runs one transaction of a wait step: it locks the run (the fence: this process must
+// hold the lease), writes the Call checkpoints that waited for a transaction, and lets decide
+// write the rest. decide returns whether it suspended the run; if so the run stops once the
+// transaction commits.
+func (rs *runState) waitTx(ctx context.Context, step string, decide func(t pgx.Tx, w *waitRow) (suspended bool, err error)) error {
+	e := rs.e
+	t, err := e.db.Begin(ctx)
+	if err != nil {
+		return rs.stop(&machineryError{fmt.Errorf("workflow: error beginning step %q: %w", step, err)})
+	}
+	defer func() { _ = t.Rollback(context.WithoutCancel(ctx)) }()
+	var w waitRow
+	err = t.QueryRow(ctx, e.st.Waits.Lock, rs.scope, rs.id, rs.token).Scan(&w.now, &w.deadline, &w.seq, &w.name, &w.wakeAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", step, ErrLeaseLost))
+	case err != nil:
+		return rs.stop(&machineryError{fmt.Errorf("workflow: error locking the run for step %q: %w", step, err)})
+	}
+	rs.dbNow = w.now
+	if w.deadline != nil && *w.deadline <= w.now {
+		return rs.stop(errDeadline)
+	}
+	for _, d := range rs.pending {
+		if _, err := t.Exec(ctx, d.SQL, d.Args...); err != nil {
+			return rs.stop(&machineryError{fmt.Errorf("workflow: error writing a checkpoint before step %q: %w", step, err)})
+		}
+	}
+	suspended, err := decide(t, &w)
+	if err != nil {
+		if rs.stopped() != nil {
+			return rs.stopped()
+		}
+		return rs.stop(&machineryError{fmt.Errorf("workflow: error in step %q: %w", step, err)})
+	}
+	if suspended {
+		// Said before COMMIT: once it lands the lease is gone, and the heartbeat must not call
+		// that a lost lease. If COMMIT fails, the run is as good as suspended for the caller: in
+		// progress, resumed later, from its lease or from the wake job.
+		rs.markStopped(errSuspended)
+	}
+	if err := t.Commit(context.WithoutCancel(ctx)); err != nil {
+		return rs.stop(&machineryError{fmt.Errorf("workflow: error committing step %q: %w", step, err)})
+	}
+	rs.pending = nil
+	if suspended {
+		return rs.stop(errSuspended)
+	}
+	return nil
+}
+
+// markStopped records err as the run's stop without cancelling its context yet.
+func (rs *runState) markStopped(err error) {
+	rs.mu.Lock()
+	if rs.stopErr == nil {
+		rs.stopErr = err
+	}
+	rs.mu.Unlock()
+}
+
+// suspend leaves the run waiting in t at step seq (for signal, in an await) until wakeAt µs
+// (nil: until a signal), and schedules the job that wakes it at wakeAt or at the deadline,
+// whichever comes first.
+func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *waitRow, state store.RunState, seq int, signal *string, wakeAt *int64) error {
+	e := rs.e
+	client, err := e.riverClient(ctx)
+	if err != nil {
+		return rs.stop(&machineryError{err})
+	}
+	tag, err := t.Exec(ctx, e.st.Waits.Suspend, rs.scope, rs.id, rs.token, string(state), seq, signal, wakeAt)
+	if err != nil {
+		return fmt.Errorf("error suspending the run: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		return rs.stop(ErrLeaseLost)
+	}
+	at := wakeAt
+	if w.deadline != nil && (at == nil || *w.deadline < *at) {
+		at = w.deadline
+	}
+	rs.retryAfter = time.Second
+	if at == nil {
+		return nil // an await without a timeout: only a signal wakes it
+	}
+	rs.retryAfter = max(time.Second, time.Duration(*at-w.now)*time.Microsecond)
+	_, err = client.InsertTx(ctx, t, WakeArgs{Scope: rs.scope, ID: rs.id, Generation: rs.created, Seq: seq, Reason: "timer"},
+		&river.InsertOpts{Queue: e.cfg.Queue, ScheduledAt: time.UnixMicro(*at)})
+	if err != nil {
+		return fmt.Errorf("error inserting the job that wakes the run: %w", err)
+	}
+	return nil
+}
+
+// signalWakeOpts make the wake jobs of signals (or of the scan) to one waiting step one job
+// while it has not run: a burst of signals wakes the run once, and the run takes the others from
+// its mailbox. Completed jobs are left out of the uniqueness, so a finished wake never swallows
+// a new one.
+func (e *Engine) signalWakeOpts() *river.InsertOpts {
+	return &river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
+		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
+	}}}
+}
+
+// suspendedError is what Run returns for a run that is now waiting: in flight, to be asked again.
+func (rs *runState) suspendedError() error {
+	return &idem.InFlightError{Scope: rs.scope, ID: rs.id, RetryAfter: max(time.Second, rs.retryAfter)}
+}
+
+type wakeWorker struct {
+	river.WorkerDefaults[WakeArgs]
+	e *Engine
+}
+
+// Timeout is -1 for the reason resumeWorker's is: the run's lease is its liveness.
+func (w *wakeWorker) Timeout(*river.Job[WakeArgs]) time.Duration { return -1 }
+
+func (w *wakeWorker) Work(ctx context.Context, job *river.Job[WakeArgs]) error {
+	return w.e.wake(ctx, job.Args)
+}
+
+// wake continues a waiting run, or times it out when its deadline passed, or does nothing when
+// the run no longer waits where the job says.
+func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
+	var state, name string
+	var created int64
+	var seq int
+	var overdue bool
+	err := e.db.QueryRow(ctx, e.st.Waits.Inspect, a.Scope, a.ID).Scan(&state, &name, &created, &seq, &overdue)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("workflow: error looking up run: %w", err)
+	}
+	if !store.RunState(state).Waiting() || created != a.Generation || (a.Seq != 0 && seq != a.Seq) {
+		return nil
+	}
+	if overdue {
+		// No need to replay the run to stop it: it is at a boundary already.
+		if _, err := e.db.Exec(ctx, e.st.Waits.TimeOut, a.Scope, a.ID, created, encodeFailure(deadlineMessage), e.cfg.TTL.Microseconds()); err != nil {
+			return fmt.Errorf("workflow: error storing a run as timed out: %w", err)
+		}
+		return nil
+	}
+	def, ok := e.workflows[name]
+	if !ok {
+		// Another deployment may know the workflow (a rolling deploy).
+		return river.JobSnooze(e.cfg.ScanInterval)
+	}
+	rs := &runState{e: e, def: def, scope: a.Scope, id: a.ID, token: uuid.New(), next: 1}
+	var input []byte
+	var trace string
+	var now int64
+	var deadline *int64
+	err = e.db.QueryRow(ctx, e.st.Waits.Wake, a.Scope, a.ID, a.Generation, a.Seq, rs.token, e.owner, e.cfg.Lease.Microseconds()).
+		Scan(&rs.attempt, &input, &rs.created, &trace, &now, &deadline)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // another job woke it first
+	}
+	if err != nil {
+		return fmt.Errorf("workflow: error waking run: %w", err)
+	}
+	rs.setClock(now, deadline)
+	// A wake-up is a resume: its span joins the trace that started the run.
+	ctx, span := e.startResumeSpan(ctx, trace, telemetry.Workflow.String(name), telemetry.Scope.String(a.Scope),
+		telemetry.Attempts.Int(rs.attempt), attribute.String("idem.wake", a.Reason))
+	e.countResume(ctx, name, "wake")
+	// The run is ours from here; an error leaves it to its lease and the recovery scan.
+	if rs.history, err = e.history(ctx, a.Scope, a.ID); err != nil {
+		endSpan(span, "stopped", err)
+		return err
+	}
+	_, err = e.execute(ctx, rs, input)
+	if err != nil && !quietEnd(err) {
+		e.log.WarnContext(ctx, "workflow: woken run stopped before its end", "workflow", name, "scope", a.Scope, "id", a.ID, "error", err)
+	}
+	endSpan(span, runOutcome(err, false), nil)
+	return nil
+}
+
+// quietEnd reports whether err ends a run's execution in a way nobody needs to hear of: a stored
+// outcome, or a wait.
+func quietEnd(err error) bool {
+	return errors.Is(err, ErrFailed) || errors.Is(err, ErrCancelled) || errors.Is(err, ErrDeadlineExceeded) || errors.Is(err, idem.ErrInFlight)
+}
+
+// scanOverdue inserts a wake job for each waiting run that has been due for longer than a scan
+// interval: its own wake job should have woken it by then, so it was lost (deleted by hand,
+// discarded by River after failing) or River is far behind. The jobs are unique while they
+// wait, so a late River gets one extra job per run, which does nothing if the run's own job
+// comes first.
+func (e *Engine) scanOverdue(ctx context.Context) error {
+	client, err := e.riverClient(ctx)
+	if err != nil {
+		return err
+	}
+	rows, err := e.db.Query(ctx, e.st.Waits.Overdue, e.cfg.ScanBatchSize, e.cfg.ScanInterval.Microseconds())
+	if err != nil {
+		return fmt.Errorf("workflow: error scanning for overdue waiting runs: %w", err)
+	}
+	params, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (river.InsertManyParams, error) {
+		a := WakeArgs{Reason: "scan"}
+		err := r.Scan(&a.Scope, &a.ID, &a.Generation, &a.Seq)
+		return river.InsertManyParams{Args: a, InsertOpts: e.signalWakeOpts()}, err
+	})
+	if err != nil {
+		return fmt.Errorf("workflow: error scanning for overdue waiting runs: %w", err)
+	}
+	if len(params) == 0 {
+		return nil
+	}
+	if _, err := client.InsertMany(ctx, params); err != nil {
+		return fmt.Errorf("workflow: error inserting wake jobs for overdue runs: %w", err)
+	}
+	return nil
+}
