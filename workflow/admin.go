@@ -51,11 +51,11 @@ func (e *Engine) lockRun(ctx context.Context, t pgx.Tx, key idem.Key) (*lockedRu
 // The owner notices at its next checkpoint or lease renewal (every Config.Lease/3), whichever
 // comes first; a Call step that is already running when the cancel lands runs to its end, and
 // its outside effect stays, but its checkpoint is not written. A run with no live owner (its
-// process died, or it waits for a resume job) is simply finished as cancelled, and a resume
-// job that comes later finds nothing to do.
+// process died, it waits for a resume job, or it sleeps or awaits a signal) is simply finished
+// as cancelled, and a resume or wake-up job that comes later finds nothing to do.
 //
-// Cancelling a cancelled run does nothing and returns nil. A done or failed run cannot be
-// cancelled (the error says so); no run under key is idem.ErrNotFound. The workflow need not be
+// Cancelling a cancelled run does nothing and returns nil. A done, failed or timed-out run
+// cannot be cancelled (the error says so); no run under key is idem.ErrNotFound. The workflow need not be
 // registered with e.
 //
 //	err := engine.RunCancel(ctx, idem.Key{Scope: "merchant:7", ID: "payout-1"}, "customer asked to stop")
@@ -71,10 +71,10 @@ func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) err
 		if err != nil {
 			return err
 		}
-		switch run.state {
-		case store.RunCancelled:
+		switch {
+		case run.state == store.RunCancelled:
 			return nil
-		case store.RunDone, store.RunFailed:
+		case run.state.Finished():
 			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s and cannot be cancelled; only an unfinished run can", run.workflow, key.ID, key.Scope, run.state)
 		}
 		if _, err := t.Exec(ctx, e.st.Admin.RunCancel, key.Scope, key.ID, encodeFailure(reason), e.cfg.TTL.Microseconds()); err != nil {
@@ -100,7 +100,11 @@ func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) err
 //   - Cancelled: the run continues where it stopped, its history intact.
 //   - Running with no live owner (its lease expired, for instance at Config.MaxAttempts,
 //     waiting for the reconcile hook): it is handed to a resume job now.
-//   - Running with a live owner, or done: refused, with an error that says why.
+//   - Running with a live owner, done, timed out, sleeping or awaiting a signal (a waiting run
+//     is woken by its own job): refused, with an error that says why.
+//
+// A cancelled run that was waiting continues where it waited: a sleep keeps its wake-up time
+// and an await its timeout, as after a crash.
 //   - No run under key: idem.ErrNotFound.
 //
 // A caller waiting on the run with Workflow.Run or Workflow.Get sees it in flight again, and
@@ -150,7 +154,8 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 // through a River resume job inserted in the same transaction. It is how an operator reruns a
 // run from a step once the bug that broke that step is fixed, without touching the original.
 //
-// The new run is a run of its own: its steps get new derived keys (see [StepKey]), and calling
+// The new run is a run of its own: its steps get new derived keys (see [StepKey]), a run with a
+// deadline (RunOpts.Timeout) gets the same timeout counted from the fork, and calling
 // Workflow.Run or Workflow.Get with newKey and the same input joins it. newKey must be unused:
 // a key that exists (of a run or of idem.Do) is refused with idem.ErrMismatch. fromStep must be
 // between 1 and one more than the run's number of steps. The original run is read as it is,
@@ -179,8 +184,9 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 			fingerprint, input []byte
 			trace              *string
 			steps              int
+			timeout            *int64
 		)
-		err := t.QueryRow(ctx, e.st.Admin.RunForkSource, key.Scope, key.ID).Scan(&workflow, &fingerprint, &input, &trace, &steps)
+		err := t.QueryRow(ctx, e.st.Admin.RunForkSource, key.Scope, key.ID).Scan(&workflow, &fingerprint, &input, &trace, &steps, &timeout)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return e.noRun(ctx, t, key)
 		}
@@ -191,7 +197,7 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
 		}
 		var generation int64
-		err = t.QueryRow(ctx, e.st.Runs.Enqueue, newKey.Scope, newKey.ID, fingerprint, workflow, input, trace).Scan(&generation)
+		err = t.QueryRow(ctx, e.st.Runs.Enqueue, newKey.Scope, newKey.ID, fingerprint, workflow, input, trace, timeout).Scan(&generation)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: key %q in scope %q is taken; fork into a key that was never used", idem.ErrMismatch, newKey.ID, newKey.Scope)
 		}

@@ -321,8 +321,12 @@ func TestRunFork(t *testing.T) {
 		orig, err := wf.Run(b.ctx, e, key, req, nil)
 		require.NoError(t, err)
 		b.startRiver(t, e)
+		// As RunOpts.Timeout would have left it: the fork gets the same timeout.
+		_, err = b.pool.Exec(b.ctx, `UPDATE idem_runs SET deadline = created_at + interval '1 hour'`)
+		require.NoError(t, err)
 
 		require.NoError(t, e.RunFork(b.ctx, key, forked, 2))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE id = 'k1-fork' AND deadline = created_at + interval '1 hour'`))
 		require.Equal(t, "done", b.waitFinished(t, forked))
 		r, err := wf.Get(b.ctx, e, forked)
 		require.NoError(t, err)
@@ -368,3 +372,71 @@ func (b *syncBuffer) String() string {
 
 // plainDB hides that a DB is a pool, so that runs write each checkpoint on its own.
 type plainDB struct{ *pgxpool.Pool }
+
+// Waiting runs hold no lease: a cancel finishes them at once and their wake-up job finds
+// nothing to do; a resume of the cancelled run takes it back to its wait, with its wake-up time.
+func TestAdminWaitingRuns(t *testing.T) {
+	t.Parallel()
+	const hour = 3600 * 1000 // ms, for newSleeper
+
+	t.Run("CancelSleepingThenResume", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		wf := newSleeper()
+		e := b.engine(t, fastConfig(wf))
+		b.startRiver(t, e)
+		key := waitKey("nap")
+		_, err := wf.Run(b.ctx, e, key, hour, nil)
+		require.ErrorIs(t, err, idem.ErrInFlight)
+		state, _ := b.state(t, key)
+		require.Equal(t, "sleeping", state)
+		var wakeAt time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT wake_at FROM idem_runs`).Scan(&wakeAt))
+
+		err = e.RunResume(b.ctx, key)
+		require.ErrorContains(t, err, "is sleeping")
+		require.NoError(t, e.RunCancel(b.ctx, key, "no longer needed"))
+		_, err = wf.Get(b.ctx, e, key)
+		require.ErrorIs(t, err, workflow.ErrCancelled)
+		run, err := e.RunGet(b.ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, workflow.RunStateCancelled, run.State)
+		require.Equal(t, "no longer needed", run.Error)
+
+		require.NoError(t, e.RunResume(b.ctx, key))
+		eventually(t, 20*time.Second, "the resumed run to sleep again", func() bool {
+			state, _ := b.state(t, key)
+			return state == "sleeping"
+		})
+		var again time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT wake_at FROM idem_runs`).Scan(&again))
+		require.True(t, again.Equal(wakeAt), "the sleep keeps its wake-up time: %s, was %s", again, wakeAt)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE step = 'before'`), "before was replayed")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM effects WHERE step = 'after'`))
+		_, err = wf.Get(b.ctx, e, key)
+		require.ErrorIs(t, err, idem.ErrInFlight)
+	})
+
+	t.Run("TimedOutIsFinal", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		wf := newSleeper()
+		e := b.engine(t, fastConfig(wf))
+		e.SetClient(insertOnlyClient(t, b))
+		key := waitKey("late")
+		_, err := wf.Run(b.ctx, e, key, hour, nil)
+		require.ErrorIs(t, err, idem.ErrInFlight)
+		// As the deadline's job leaves it.
+		_, err = b.pool.Exec(b.ctx, `UPDATE idem_runs SET state = 'timed_out', output = '{"error": "deadline exceeded"}', finished_at = now(), expires_at = now() + interval '1 hour'`)
+		require.NoError(t, err)
+		require.ErrorContains(t, e.RunCancel(b.ctx, key, ""), "is timed_out and cannot be cancelled")
+		require.ErrorContains(t, e.RunResume(b.ctx, key), "is timed_out")
+		_, err = wf.Get(b.ctx, e, key)
+		require.ErrorIs(t, err, workflow.ErrDeadlineExceeded)
+		run, err := e.RunGet(b.ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, workflow.RunStateTimedOut, run.State)
+		require.True(t, run.State.Finished())
+		require.Equal(t, "deadline exceeded", run.Error)
+	})
+}

@@ -18,9 +18,10 @@ import (
 //   - Done: its output.
 //   - Failed: the stored failure, a *FailedError (errors.Is(err, ErrFailed)).
 //   - Cancelled: a *CancelledError (errors.Is(err, ErrCancelled)).
-//   - Not finished (running, or waiting to be resumed): idem.ErrInFlight, an
-//     *idem.InFlightError whose RetryAfter is when the owner's lease runs out (or, with no live
-//     owner, the engine's ScanInterval, within which the recovery scan picks the run up).
+//   - Timed out: a *TimedOutError (errors.Is(err, ErrDeadlineExceeded)).
+//   - Not finished (running, sleeping, awaiting a signal, or waiting to be resumed):
+//     idem.ErrInFlight, an *idem.InFlightError whose RetryAfter is when the owner's lease runs
+//     out (or, with no live owner, the engine's ScanInterval).
 //   - No run under key (never started, expired, or a key of idem.Do's): idem.ErrNotFound.
 //   - A run of another workflow: idem.ErrMismatch.
 //
@@ -68,6 +69,8 @@ func (w *Workflow[In, Out]) Get(ctx context.Context, e *Engine, key idem.Key) (O
 		return zero, failedFromStored(w.name, key, row.output)
 	case store.RunCancelled:
 		return zero, cancelledFromStored(w.name, key, row.output)
+	case store.RunTimedOut:
+		return zero, timedOutFromStored(w.name, key, row.output)
 	}
 	retry := e.cfg.ScanInterval
 	if row.leaseLive {

@@ -15,8 +15,9 @@ import (
 )
 
 // RunState is the state of a run, as stored. A run is running until it finishes as done,
-// failed or cancelled; later versions may add states (a run that waits, for instance), so treat
-// a state you do not know as "not finished" rather than as an error.
+// failed, cancelled or timed out, and may wait (sleeping, awaiting a signal) in between; later
+// versions may add states, so treat a state you do not know as "not finished" rather than as an
+// error.
 //
 //	if run.State == workflow.RunStateFailed { ... }
 type RunState string
@@ -26,12 +27,15 @@ type RunState string
 //	failed, err := engine.RunList(ctx, &workflow.RunListParams{States: []workflow.RunState{workflow.RunStateFailed}})
 const (
 	RunStateRunning   = RunState(store.RunRunning)
+	RunStateSleeping  = RunState(store.RunSleeping)
+	RunStateAwaiting  = RunState(store.RunAwaiting)
 	RunStateDone      = RunState(store.RunDone)
 	RunStateFailed    = RunState(store.RunFailed)
 	RunStateCancelled = RunState(store.RunCancelled)
+	RunStateTimedOut  = RunState(store.RunTimedOut)
 )
 
-// Finished reports whether s is a final state: done, failed or cancelled.
+// Finished reports whether s is a final state: done, failed, cancelled or timed out.
 //
 //	if !run.State.Finished() { ... } // still working, or waiting
 func (s RunState) Finished() bool { return store.RunState(s).Finished() }
@@ -62,7 +66,7 @@ type RunRow struct {
 	LastError string `json:"last_error,omitempty"`
 
 	// Input is the run's input as JSON. Output is the output as JSON when done, and
-	// {"error": "..."} when failed or cancelled; Error is that message.
+	// {"error": "..."} when failed, cancelled or timed out; Error is that message.
 	Input  json.RawMessage `json:"input,omitempty"`
 	Output json.RawMessage `json:"output,omitempty"`
 	Error  string          `json:"error,omitempty"`
@@ -101,7 +105,7 @@ func scanRun(r pgx.Row) (*RunRow, error) {
 		return nil, err
 	}
 	run.Input, run.Output = rawJSON(input), rawJSON(output)
-	if run.State == RunStateFailed || run.State == RunStateCancelled {
+	if run.State.Finished() && run.State != RunStateDone {
 		var f storedFailure
 		if json.Unmarshal(output, &f) == nil {
 			run.Error = f.Error

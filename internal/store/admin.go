@@ -47,7 +47,8 @@ type AdminStatements struct {
 	RunReopen string
 
 	// RunForkSource reads what a fork copies, locking the run against a concurrent change of its
-	// history. $1 scope, $2 id. Returns workflow, fingerprint, input, trace context, step count.
+	// history. $1 scope, $2 id. Returns workflow, fingerprint, input, trace context, step count,
+	// and the run's timeout in µs (its deadline less its creation; NULL for none).
 	RunForkSource string
 
 	// RunForkSteps copies the steps before a position to another run.
@@ -94,7 +95,8 @@ WHERE scope = $1 AND id = $2
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		RunForkSource: t.render(`SELECT workflow, fingerprint, input, trace_context,
-	(SELECT count(*) FROM {steps} s WHERE s.scope = $1 AND s.id = $2)::int4
+	(SELECT count(*) FROM {steps} s WHERE s.scope = $1 AND s.id = $2)::int4,
+	(extract(epoch FROM deadline - created_at) * 1000000)::int8
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
 		RunForkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
