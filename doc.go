@@ -18,6 +18,9 @@
 // [ErrMismatch]. [Run] is the same operation when idem may own the transaction, and then it adds
 // no round trip to it at all.
 //
+// [KeyGet] shows what is stored under a key, and [KeyDelete] forgets a stored result so that
+// the key runs again.
+//
 // Tables are created by [Migrate] from the embedded schema.sql, which migration tools can also
 // apply as is.
 package idem

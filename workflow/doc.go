@@ -105,6 +105,14 @@
 // makes that span its parent: the part of a run that another process finishes after a crash
 // sits in the trace of the request that started it. Keys are never recorded; scopes are.
 //
+// # Operating runs
+//
+// Runs can be read without running them ([Engine.RunGet], [Engine.RunList], and
+// [Workflow.Get] for a typed outcome) and steered: [Engine.RunCancel] stops a run at its next
+// checkpoint, [Engine.RunResume] continues a failed, cancelled or stuck one from its last
+// completed step, and [Engine.RunFork] reruns a run from a step under a new key. None of them
+// needs the workflow registered, so cmd/idem offers them to operators.
+//
 // Tables: idem.Migrate creates them (idem_keys, idem_runs, idem_steps, idem_signals and
 // idem_events; see schema.sql), and River's own with rivermigrate.
 package workflow

@@ -365,8 +365,13 @@ func (e *Engine) history(ctx context.Context, scope, id string) ([]stepRecord, e
 // execute runs the workflow function under rs's lease and stores how it ended. It returns the
 // stored output, a *FailedError, or the error that stopped it without an outcome. A held step
 // that could not commit for a reason a rerun fixes makes it start over from the committed
-// history, in this process, a few times.
+// history, in this process, a few times. A run cancelled under it returns a *CancelledError.
 func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) ([]byte, error) {
+	out, err := e.executeRestarting(ctx, rs, input)
+	return out, e.cancelledOutcome(ctx, rs, err)
+}
+
+func (e *Engine) executeRestarting(ctx context.Context, rs *runState, input []byte) ([]byte, error) {
 	for restarts := 0; ; restarts++ {
 		out, err := e.executeOnce(ctx, rs, input)
 		if !errors.Is(err, errRestart) || restarts >= maxRestarts {
@@ -468,6 +473,10 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) error {
 		}
 	}
 	if errors.Is(err, ErrLeaseLost) {
+		// A cancel takes the lease away too; only the stored state tells it from a takeover.
+		if cancelled := e.cancelledOutcome(ctx, rs, err); errors.Is(cancelled, ErrCancelled) {
+			return cancelled
+		}
 		e.log.WarnContext(ctx, "workflow: run lost its lease and stopped; another process owns it now", "workflow", rs.def.Name(),
 			"scope", rs.scope, "id", rs.id, "attempt", rs.attempt, "error", err)
 	}

@@ -14,7 +14,8 @@
 //
 //	go run ./examples/bank
 //
-// With -serve it keeps serving and prints curl lines to try:
+// With -serve it keeps serving and prints curl lines to try, and the cmd/idem lines that show
+// what they stored:
 //
 //	go run ./examples/bank -serve -addr 127.0.0.1:8080
 //
@@ -154,6 +155,7 @@ func run(ctx context.Context, opts *options, out io.Writer) error {
 
 	if opts.serve {
 		printCurls(out, a.url)
+		fmt.Fprint(out, cliLines(dbURL, source == "DATABASE_URL"))
 		<-ctx.Done()
 		fmt.Fprintln(out, "shutting down")
 		return nil
@@ -180,6 +182,22 @@ func openPool(ctx context.Context, dbURL string, size int) (*pgxpool.Pool, error
 
 func printCurls(out io.Writer, base string) {
 	fmt.Fprint(out, curlLines(base))
+}
+
+// cliLines shows how to look at the bank's payouts with idem's CLI, from the repository's root.
+// A DATABASE_URL the user set is not repeated: it may hold a password, and their shell has it.
+func cliLines(dbURL string, fromEnv bool) string {
+	env := "DATABASE_URL='" + dbURL + "' "
+	if fromEnv {
+		env = ""
+	}
+	return fmt.Sprintf(`then look at the payouts with idem's CLI (from the repository's root):
+
+  %[1]sgo run ./cmd/idem runs list
+  %[1]sgo run ./cmd/idem runs show customer:bob p-1
+  %[1]sgo run ./cmd/idem keys get customer:alice t-1
+
+`, env)
 }
 
 // curlLines is the tour printed by -serve: each POST may be sent again with the same

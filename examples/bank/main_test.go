@@ -246,3 +246,17 @@ func TestUnavailableHasRetryAfter(t *testing.T) {
 		t.Error("dbError's 503 has no Retry-After")
 	}
 }
+
+// TestCLILines checks the cmd/idem lines -serve prints: the throwaway database's URL is spelled
+// out, a DATABASE_URL the user set (which may hold a password) is not.
+func TestCLILines(t *testing.T) {
+	t.Parallel()
+	lines := cliLines("postgres://u@h/db", false)
+	if !strings.Contains(lines, "DATABASE_URL='postgres://u@h/db' go run ./cmd/idem runs list") {
+		t.Errorf("throwaway database: %s", lines)
+	}
+	lines = cliLines("postgres://u:secret@h/db", true)
+	if strings.Contains(lines, "secret") || !strings.Contains(lines, "  go run ./cmd/idem runs show customer:bob p-1") {
+		t.Errorf("DATABASE_URL set: %s", lines)
+	}
+}

@@ -61,6 +61,7 @@ type Statements struct {
 	Keys   KeyStatements
 	Runs   RunStatements
 	Reap   ReapStatements
+	Admin  AdminStatements
 	Waits  WaitStatements
 }
 
@@ -72,7 +73,8 @@ func For(schema string) *Statements {
 		return s.(*Statements)
 	}
 	t := TablesIn(schema)
-	s := &Statements{Tables: t, Keys: keyStatements(t), Runs: runStatements(t), Reap: reapStatements(t), Waits: waitStatements(t)}
+	s := &Statements{Tables: t, Keys: keyStatements(t), Runs: runStatements(t), Reap: reapStatements(t), Admin: adminStatements(t),
+		Waits: waitStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }

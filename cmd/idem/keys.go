@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+)
+
+// connect opens a pool on the database the flags name.
+func (c *call) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if c.databaseURL == "" {
+		c.databaseURL = os.Getenv("DATABASE_URL")
+	}
+	if c.databaseURL == "" {
+		return nil, usagef("no database: set DATABASE_URL or pass --database-url")
+	}
+	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return nil, usagef("--database-url: %v", err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("error connecting: %w", err)
+	}
+	return pool, nil
+}
+
+func (c *call) opts() []idem.Option { return []idem.Option{idem.Schema(c.schema)} }
+
+func (c *call) key(scope, id string) (idem.Key, error) {
+	k := idem.Key{Scope: scope, ID: id}
+	if err := k.Validate(); err != nil {
+		return k, usagef("%v", err)
+	}
+	return k, nil
+}
+
+var migrateCmd = &command{
+	name:    "migrate",
+	summary: "Bring idem's tables up to date (or to --to N).",
+	help: "Without --to it applies what is pending, and does nothing when the schema is current.\n" +
+		"--to N moves up or down to version N; --to 0 drops idem's tables and their data.",
+	flags: func(fs *flag.FlagSet, c *call) {
+		fs.IntVar(&c.to, "to", -1, "version to move to, up or down (default: the latest)")
+	},
+	run: func(ctx context.Context, c *call) error {
+		pool, err := c.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		from, err := idem.SchemaVersion(ctx, pool, c.opts()...)
+		if err != nil {
+			return err
+		}
+		if c.to >= 0 {
+			err = idem.MigrateTo(ctx, pool, c.to, c.opts()...)
+		} else {
+			err = idem.Migrate(ctx, pool, c.opts()...)
+		}
+		if err != nil {
+			return err
+		}
+		to, err := idem.SchemaVersion(ctx, pool, c.opts()...)
+		if err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("schema at version %d (was %d)", to, from)
+		if to == from {
+			msg = fmt.Sprintf("schema at version %d, nothing to do", to)
+		}
+		return c.done(msg, map[string]int{"from": from, "version": to})
+	},
+}
+
+var keysGetCmd = &command{
+	name:    "keys get",
+	args:    []string{"SCOPE", "ID"},
+	summary: "Show what is stored under a key: fingerprint, times, result size, its run.",
+	run: func(ctx context.Context, c *call) error {
+		key, err := c.key(c.args[0], c.args[1])
+		if err != nil {
+			return err
+		}
+		pool, err := c.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		info, err := idem.KeyGet(ctx, pool, key, c.opts()...)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(info)
+		}
+		t := newTable(c.stdout)
+		t.row("scope", info.Scope)
+		t.row("id", info.ID)
+		t.row("fingerprint", orDash(hex.EncodeToString(info.Fingerprint)))
+		t.row("created", stamp(info.Created))
+		if info.Workflow != "" {
+			t.row("expires", "with its run")
+			t.row("run", info.Workflow+" ("+orDash(info.RunState)+")")
+			t.row("", "idem runs show "+strconv.Quote(info.Scope)+" "+strconv.Quote(info.ID))
+		} else {
+			exp := stampPtr(info.Expires)
+			if info.Expired {
+				exp += " (expired)"
+			}
+			t.row("expires", exp)
+			t.row("result", strconv.Itoa(info.ResultSize)+" bytes")
+		}
+		t.flush()
+		return nil
+	},
+}
+
+var keysDeleteCmd = &command{
+	name:    "keys delete",
+	args:    []string{"SCOPE", "ID"},
+	summary: "Forget a stored result of idem.Do, so that the key runs again.",
+	help: "Refused while a Do works on the key (try again in a moment), and for a run's key\n" +
+		"(use idem runs cancel).",
+	run: func(ctx context.Context, c *call) error {
+		key, err := c.key(c.args[0], c.args[1])
+		if err != nil {
+			return err
+		}
+		pool, err := c.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := idem.KeyDelete(ctx, pool, key, c.opts()...); err != nil {
+			return err
+		}
+		return c.done(fmt.Sprintf("deleted key %q in scope %q", key.ID, key.Scope), map[string]any{"deleted": true, "scope": key.Scope, "id": key.ID})
+	},
+}
+
+var reapCmd = &command{
+	name:    "reap",
+	summary: "Delete expired keys and finished runs past their TTL, now.",
+	help:    "What the engine's periodic reap job does; safe beside it.",
+	run: func(ctx context.Context, c *call) error {
+		pool, err := c.connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		n, err := idem.Reap(ctx, pool, c.opts()...)
+		if err != nil {
+			return err
+		}
+		return c.done(fmt.Sprintf("reaped %d expired keys", n), map[string]int64{"reaped": n})
+	},
+}

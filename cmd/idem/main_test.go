@@ -1,0 +1,321 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/steps"
+	"github.com/idemkit/idem/workflow"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
+
+// result is one run of the binary.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+type testBundle struct {
+	ctx  context.Context
+	bin  string
+	url  string
+	pool *pgxpool.Pool
+}
+
+// setup gives each test its own database, and the binary built once for the whole test.
+func setup(t *testing.T, bin string) *testBundle {
+	t.Helper()
+	url := pgtemp.NewDB(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return &testBundle{ctx: context.Background(), bin: bin, url: url, pool: pool}
+}
+
+// build compiles cmd/idem into dir, as an operator would install it.
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "idem")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+// idem runs the binary against the test's database, through DATABASE_URL as an operator would.
+func (b *testBundle) idem(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(b.bin, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+b.url)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("running idem: %v", err)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+}
+
+func (b *testBundle) ok(t *testing.T, args ...string) string {
+	t.Helper()
+	r := b.idem(t, args...)
+	require.Equal(t, 0, r.code, "idem %s: stderr: %s", strings.Join(args, " "), r.stderr)
+	return r.stdout
+}
+
+func (b *testBundle) count(t *testing.T, sql string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, sql).Scan(&n))
+	return n
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestCLI(t *testing.T) {
+	t.Parallel()
+	bin := build(t)
+
+	t.Run("Usage", func(t *testing.T) {
+		t.Parallel()
+		b := &testBundle{bin: bin}
+		r := b.idem(t)
+		require.Equal(t, 2, r.code)
+		require.Contains(t, r.stderr, "runs list")
+		for _, args := range [][]string{{"--help"}, {"help"}, {"runs", "list", "--help"}, {"keys", "delete", "-h"}, {"migrate", "--help"}, {"runs", "fork", "--help"}} {
+			r = b.idem(t, args...)
+			require.Equal(t, 0, r.code, args)
+			require.Contains(t, r.stdout, "Usage: idem", args)
+			require.Empty(t, r.stderr)
+		}
+		for _, args := range [][]string{{"nope"}, {"runs"}, {"runs", "show", "only-scope"}, {"runs", "list", "--bogus"}, {"runs", "list", "--limit", "1001"},
+			{"runs", "list", "--since", "yesterday"}, {"runs", "fork", "s", "a", "b"}, {"keys", "get", "s", "has space"}} {
+			r = b.idem(t, args...)
+			require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
+			require.NotEmpty(t, r.stderr)
+		}
+		// No database at all.
+		cmd := exec.Command(bin, "keys", "get", "s", "k")
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit)
+		require.Equal(t, 2, exit.ExitCode())
+		require.Contains(t, string(out), "DATABASE_URL")
+	})
+
+	t.Run("MigrateAndSchema", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bin)
+		latest := len(idem.Migrations())
+		require.Contains(t, b.ok(t, "migrate"), fmt.Sprintf("schema at version %d (was 0)", latest))
+		require.Contains(t, b.ok(t, "migrate"), "nothing to do")
+		var v map[string]int
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "migrate", "--json")), &v))
+		require.Equal(t, latest, v["version"])
+		require.Contains(t, b.ok(t, "migrate", "--to", "0"), fmt.Sprintf("schema at version 0 (was %d)", latest))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM pg_tables WHERE tablename = 'idem_keys'`))
+
+		b.ok(t, "migrate", "--schema", "ops")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = 'ops' AND tablename = 'idem_keys'`))
+		_, err := idem.Run(b.ctx, b.pool, idem.Key{Scope: "s", ID: "k"}, func(context.Context, pgx.Tx) (int, error) { return 1, nil }, idem.Schema("ops"))
+		require.NoError(t, err)
+		require.Contains(t, b.ok(t, "keys", "get", "--schema", "ops", "s", "k"), "1 bytes")
+		r := b.idem(t, "keys", "get", "s", "k")
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "tables are missing")
+	})
+
+	t.Run("Keys", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bin)
+		b.ok(t, "migrate")
+		key := idem.Key{Scope: "customer:42", ID: "order-1", Fingerprint: idem.Fingerprint("book")}
+		_, err := idem.Run(b.ctx, b.pool, key, func(context.Context, pgx.Tx) (string, error) { return "receipt", nil })
+		require.NoError(t, err)
+
+		out := b.ok(t, "keys", "get", "customer:42", "order-1")
+		require.Regexp(t, `(?m)^id\s+order-1$`, out)
+		require.Regexp(t, `(?m)^result\s+9 bytes$`, out)
+		require.Contains(t, out, "fingerprint")
+		var info idem.KeyInfo
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "keys", "get", "--json", "customer:42", "order-1")), &info))
+		require.Equal(t, key.Fingerprint, info.Fingerprint)
+		require.Equal(t, 9, info.ResultSize)
+
+		require.Contains(t, b.ok(t, "keys", "delete", "customer:42", "order-1"), "deleted")
+		r := b.idem(t, "keys", "get", "customer:42", "order-1")
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "not found")
+		r = b.idem(t, "keys", "delete", "customer:42", "order-1")
+		require.Equal(t, 1, r.code)
+
+		// Reap: one expired key goes.
+		_, err = idem.Run(b.ctx, b.pool, idem.Key{Scope: "s", ID: "old"}, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		require.NoError(t, err)
+		_, err = b.pool.Exec(b.ctx, `UPDATE idem_keys SET expires_at = now() - interval '1 second'`)
+		require.NoError(t, err)
+		require.Contains(t, b.ok(t, "reap"), "reaped 1 expired keys")
+		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys`))
+	})
+
+	// The application (this test) runs a workflow engine and River; the CLI, with no workflow
+	// registered, reads the runs and steers them, and the application's workers do the work.
+	t.Run("Runs", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bin)
+		b.ok(t, "migrate")
+		migrator, err := rivermigrate.New(riverpgxv5.New(b.pool), &rivermigrate.Config{Logger: quiet()})
+		require.NoError(t, err)
+		_, err = migrator.Migrate(b.ctx, rivermigrate.DirectionUp, nil)
+		require.NoError(t, err)
+
+		var broken atomic.Bool
+		broken.Store(true)
+		var runsOfB atomic.Int32
+		wf := workflow.Define("payout", func(ctx context.Context, amount int) (string, error) {
+			for _, name := range []string{"reserve", "charge", "settle"} {
+				_, err := steps.Call(ctx, name, func(ctx context.Context, key string) (string, error) {
+					if name == "charge" {
+						runsOfB.Add(1)
+						if broken.Load() {
+							return "", steps.Permanent(errors.New("card processor down"))
+						}
+					}
+					return name + " ok", nil
+				}, nil)
+				if err != nil {
+					return "", err
+				}
+			}
+			return "paid", nil
+		})
+		e, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{wf}, Lease: time.Second, ScanInterval: time.Second, Logger: quiet()})
+		require.NoError(t, err)
+		workers := river.NewWorkers()
+		require.NoError(t, e.AddWorkers(workers))
+		client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{
+			Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 5}}, Workers: workers,
+			FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet(), TestOnly: true,
+		})
+		require.NoError(t, err)
+		e.SetClient(client)
+		require.NoError(t, client.Start(b.ctx))
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = client.StopAndCancel(ctx)
+		})
+
+		key := idem.Key{Scope: "merchant:7", ID: "payout-1"}
+		_, err = wf.Run(b.ctx, e, key, 30, nil)
+		require.ErrorIs(t, err, workflow.ErrFailed)
+
+		out := b.ok(t, "runs", "list")
+		require.Regexp(t, `(?m)^CREATED\s+SCOPE\s+ID\s+WORKFLOW\s+STATE\s+ATTEMPTS\s+ERROR$`, out)
+		require.Regexp(t, `(?m)merchant:7\s+payout-1\s+payout\s+failed\s+1\s+.*card processor down`, out)
+		var page workflow.RunListResult
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--state", "failed,cancelled", "--workflow", "payout", "--since", "1h", "--json")), &page))
+		require.Len(t, page.Runs, 1)
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--state", "done", "--json")), &page))
+		require.Empty(t, page.Runs)
+
+		out = b.ok(t, "runs", "show", "merchant:7", "payout-1")
+		require.Regexp(t, `(?m)^state\s+failed$`, out)
+		require.Regexp(t, `(?m)^1\s+reserve\s+call\s+1\s+\S+\s+"reserve ok"$`, out)
+		require.Regexp(t, `(?m)^2\s+charge\s+call\s+1\s+\S+\s+error: card processor down$`, out)
+
+		r := b.idem(t, "runs", "cancel", "merchant:7", "payout-1")
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "is failed and cannot be cancelled")
+
+		broken.Store(false)
+		require.Contains(t, b.ok(t, "runs", "resume", "merchant:7", "payout-1"), "resuming")
+		waitState(t, b, key, "done")
+		out2, err := wf.Get(b.ctx, e, key)
+		require.NoError(t, err)
+		require.Equal(t, "paid", out2)
+		require.EqualValues(t, 2, runsOfB.Load(), "charge ran once more, reserve was replayed")
+		var run workflow.RunRow
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "show", "--json", "merchant:7", "payout-1")), &run))
+		require.Len(t, run.Steps, 3)
+		require.Equal(t, workflow.RunStateDone, run.State)
+
+		require.Contains(t, b.ok(t, "runs", "fork", "merchant:7", "payout-1", "payout-2", "--from", "3"), `into "payout-2"`)
+		waitState(t, b, idem.Key{Scope: "merchant:7", ID: "payout-2"}, "done")
+		require.EqualValues(t, 2, runsOfB.Load(), "the fork replayed charge")
+		r = b.idem(t, "runs", "fork", "merchant:7", "payout-1", "payout-2", "--from", "3")
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "is taken")
+
+		// A run nobody owns, cancelled twice.
+		_, err = b.pool.Exec(b.ctx, `
+INSERT INTO idem_keys (scope, id, workflow, expires_at) VALUES ('merchant:7', 'stuck', 'payout', 'infinity');
+INSERT INTO idem_runs (scope, id, workflow, state, lease_expires_at) VALUES ('merchant:7', 'stuck', 'payout', 'running', now() + interval '1 hour')`)
+		require.NoError(t, err)
+		for range 2 {
+			require.Contains(t, b.ok(t, "runs", "cancel", "--reason", "duplicate payout", "merchant:7", "stuck"), "cancelled")
+		}
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "show", "merchant:7", "stuck", "--json")), &run))
+		require.Equal(t, workflow.RunStateCancelled, run.State)
+		require.Equal(t, "duplicate payout", run.Error)
+
+		// Paging: three runs, one to a page.
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--limit", "1", "--json")), &page))
+		seen := []string{page.Runs[0].ID}
+		for page.Next != "" {
+			out := b.ok(t, "runs", "list", "--limit", "1", "--after", page.Next, "--json")
+			page = workflow.RunListResult{}
+			require.NoError(t, json.Unmarshal([]byte(out), &page))
+			if len(page.Runs) > 0 {
+				seen = append(seen, page.Runs[0].ID)
+			}
+		}
+		require.Equal(t, []string{"stuck", "payout-2", "payout-1"}, seen)
+		require.Contains(t, b.ok(t, "runs", "list", "--limit", "1"), "more: --after ")
+
+		r = b.idem(t, "runs", "show", "merchant:7", "nope")
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "not found")
+	})
+}
+
+// waitState polls the run's state until it is want: the application's River works the job in
+// its own time.
+func waitState(t *testing.T, b *testBundle, key idem.Key, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var state string
+		err := b.pool.QueryRow(b.ctx, `SELECT state FROM idem_runs WHERE scope = $1 AND id = $2`, key.Scope, key.ID).Scan(&state)
+		if err == nil && state == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is %q (%v), not %q, after 30s", key.ID, state, err, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

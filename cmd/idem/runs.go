@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/idemkit/idem/workflow"
+)
+
+// engine makes a workflow engine with no workflows registered: everything the CLI does works
+// on the database alone. withRiver gives it an insert-only River client (no workers, no
+// queues: it never works a job) for the resume jobs of resume and fork.
+func (c *call) engine(pool *pgxpool.Pool, withRiver bool) (*workflow.Engine, error) {
+	e, err := workflow.NewEngine(pool, &workflow.Config{Schema: c.schema, Queue: c.queue, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	if withRiver {
+		client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: c.riverSchema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			return nil, fmt.Errorf("error making a River client: %w", err)
+		}
+		e.SetClient(client)
+	}
+	return e, nil
+}
+
+// withEngine connects, makes the engine and runs f.
+func (c *call) withEngine(ctx context.Context, withRiver bool, f func(e *workflow.Engine) error) error {
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	e, err := c.engine(pool, withRiver)
+	if err != nil {
+		return err
+	}
+	return f(e)
+}
+
+func riverFlags(fs *flag.FlagSet, c *call) {
+	fs.StringVar(&c.queue, "queue", "", "River queue of the resume job: the engine's Config.Queue (default River's default queue)")
+	fs.StringVar(&c.riverSchema, "river-schema", "", "Postgres schema of River's tables (default: search_path decides)")
+}
+
+type listFlags struct {
+	states, workflows, scope, since, until, after string
+	limit                                         int
+}
+
+var runsListCmd = &command{
+	name:    "runs list",
+	summary: "List runs, newest first.",
+	help: "--since and --until take an RFC 3339 time or a duration before now (24h, 90m).\n" +
+		"--state and --workflow take a comma-separated list. When more runs match than\n" +
+		"--limit, the last line gives the --after cursor of the next page.",
+	flags: func(fs *flag.FlagSet, c *call) {
+		fs.StringVar(&c.list.states, "state", "", "only runs in these states (running,done,failed,cancelled,...)")
+		fs.StringVar(&c.list.workflows, "workflow", "", "only runs of these workflows")
+		fs.StringVar(&c.list.scope, "scope", "", "only runs in this scope")
+		fs.StringVar(&c.list.since, "since", "", "only runs created at or after this time")
+		fs.StringVar(&c.list.until, "until", "", "only runs created before this time")
+		fs.IntVar(&c.list.limit, "limit", workflow.DefaultRunListLimit, fmt.Sprintf("page size, at most %d", workflow.MaxRunListLimit))
+		fs.StringVar(&c.list.after, "after", "", "cursor of the page before, from the previous listing")
+	},
+	run: func(ctx context.Context, c *call) error {
+		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows)}
+		for _, s := range splitList(c.list.states) {
+			p.States = append(p.States, workflow.RunState(s))
+		}
+		var err error
+		if p.Since, err = parseTime("since", c.list.since); err != nil {
+			return err
+		}
+		if p.Until, err = parseTime("until", c.list.until); err != nil {
+			return err
+		}
+		if c.list.limit < 1 || c.list.limit > workflow.MaxRunListLimit {
+			return usagef("--limit must be between 1 and %d (got %d)", workflow.MaxRunListLimit, c.list.limit)
+		}
+		return c.withEngine(ctx, false, func(e *workflow.Engine) error {
+			res, err := e.RunList(ctx, p)
+			if err != nil {
+				return err
+			}
+			if c.json {
+				return c.printJSON(res)
+			}
+			t := newTable(c.stdout)
+			t.row("CREATED", "SCOPE", "ID", "WORKFLOW", "STATE", "ATTEMPTS", "ERROR")
+			for _, r := range res.Runs {
+				t.row(stamp(r.Created), r.Scope, r.ID, r.Workflow, string(r.State), strconv.Itoa(r.Attempts), orDash(clip(firstOf(r.Error, r.LastError), 80)))
+			}
+			t.flush()
+			if res.Next != "" {
+				fmt.Fprintf(c.stdout, "more: --after %s\n", res.Next)
+			}
+			return nil
+		})
+	},
+}
+
+var runsShowCmd = &command{
+	name:    "runs show",
+	args:    []string{"SCOPE", "ID"},
+	summary: "Show a run and its steps.",
+	run: func(ctx context.Context, c *call) error {
+		key, err := c.key(c.args[0], c.args[1])
+		if err != nil {
+			return err
+		}
+		return c.withEngine(ctx, false, func(e *workflow.Engine) error {
+			r, err := e.RunGet(ctx, key)
+			if err != nil {
+				return err
+			}
+			if c.json {
+				return c.printJSON(r)
+			}
+			t := newTable(c.stdout)
+			t.row("scope", r.Scope)
+			t.row("id", r.ID)
+			t.row("workflow", r.Workflow)
+			t.row("state", string(r.State))
+			t.row("attempts", strconv.Itoa(r.Attempts))
+			lease := "-"
+			if r.LeaseOwner != "" || r.LeaseExpires != nil {
+				lease = orDash(r.LeaseOwner) + " until " + stampPtr(r.LeaseExpires)
+			}
+			t.row("lease", lease)
+			t.row("created", stamp(r.Created))
+			t.row("updated", stamp(r.Updated))
+			t.row("finished", stampPtr(r.Finished))
+			t.row("expires", stampPtr(r.Expires))
+			t.row("input", clip(string(r.Input), 200))
+			switch {
+			case r.Error != "":
+				t.row("error", r.Error)
+			case r.Output != nil:
+				t.row("output", clip(string(r.Output), 200))
+			}
+			if r.LastError != "" {
+				t.row("last error", r.LastError)
+			}
+			t.flush()
+			fmt.Fprintln(c.stdout)
+			t = newTable(c.stdout)
+			t.row("SEQ", "STEP", "KIND", "ATTEMPTS", "AT", "RESULT")
+			for _, s := range r.Steps {
+				result := string(s.Output)
+				if s.Error != "" {
+					result = "error: " + s.Error
+				}
+				t.row(strconv.Itoa(s.Seq), s.Name, s.Kind, strconv.Itoa(s.Attempts), stamp(s.Created), clip(result, 80))
+			}
+			t.flush()
+			return nil
+		})
+	},
+}
+
+var runsCancelCmd = &command{
+	name:    "runs cancel",
+	args:    []string{"SCOPE", "ID"},
+	summary: "Cancel a run: it stops at its next step boundary; retries get the cancellation.",
+	help:    "Cancelling a cancelled run does nothing; a done or failed run cannot be cancelled.",
+	flags: func(fs *flag.FlagSet, c *call) {
+		fs.StringVar(&c.reason, "reason", "", "why, stored with the run and returned to its callers")
+	},
+	run: func(ctx context.Context, c *call) error {
+		key, err := c.key(c.args[0], c.args[1])
+		if err != nil {
+			return err
+		}
+		return c.withEngine(ctx, false, func(e *workflow.Engine) error {
+			if err := e.RunCancel(ctx, key, c.reason); err != nil {
+				return err
+			}
+			return c.done(fmt.Sprintf("cancelled run %q in scope %q", key.ID, key.Scope), map[string]any{"cancelled": true, "scope": key.Scope, "id": key.ID})
+		})
+	},
+}
+
+var runsResumeCmd = &command{
+	name:    "runs resume",
+	args:    []string{"SCOPE", "ID"},
+	summary: "Continue a failed, cancelled or stuck run from its last completed step.",
+	help: "A failed run runs its failed step again. The run is continued by the application's\n" +
+		"River workers, through a job inserted here.",
+	flags: riverFlags,
+	run: func(ctx context.Context, c *call) error {
+		key, err := c.key(c.args[0], c.args[1])
+		if err != nil {
+			return err
+		}
+		return c.withEngine(ctx, true, func(e *workflow.Engine) error {
+			if err := e.RunResume(ctx, key); err != nil {
+				return err
+			}
+			return c.done(fmt.Sprintf("resuming run %q in scope %q", key.ID, key.Scope), map[string]any{"resumed": true, "scope": key.Scope, "id": key.ID})
+		})
+	},
+}
+
+var runsForkCmd = &command{
+	name:    "runs fork",
+	args:    []string{"SCOPE", "ID", "NEW_ID"},
+	summary: "Start a copy of a run under a new key, rerunning it from step --from.",
+	help: "Steps before --from are copied and replayed; the rest run again. The new key is in the\n" +
+		"same scope unless --new-scope says otherwise, and must be unused.",
+	flags: func(fs *flag.FlagSet, c *call) {
+		fs.IntVar(&c.fromStep, "from", 0, "first step to run again, from 1 (required)")
+		fs.StringVar(&c.newScope, "new-scope", "", "scope of the new key (default: the run's)")
+		riverFlags(fs, c)
+	},
+	run: func(ctx context.Context, c *call) error {
+		key, err := c.key(c.args[0], c.args[1])
+		if err != nil {
+			return err
+		}
+		scope := c.newScope
+		if scope == "" {
+			scope = key.Scope
+		}
+		newKey, err := c.key(scope, c.args[2])
+		if err != nil {
+			return err
+		}
+		if c.fromStep < 1 {
+			return usagef("--from is required: the first step to run again, from 1")
+		}
+		return c.withEngine(ctx, true, func(e *workflow.Engine) error {
+			if err := e.RunFork(ctx, key, newKey, c.fromStep); err != nil {
+				return err
+			}
+			return c.done(fmt.Sprintf("forked run %q in scope %q into %q in scope %q from step %d", key.ID, key.Scope, newKey.ID, newKey.Scope, c.fromStep),
+				map[string]any{"forked": true, "scope": key.Scope, "id": key.ID, "new_scope": newKey.Scope, "new_id": newKey.ID, "from_step": c.fromStep})
+		})
+	},
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+// parseTime reads an RFC 3339 time, or a duration meaning that long ago.
+func parseTime(name, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return time.Now().Add(-d), nil
+	}
+	return time.Time{}, usagef("--%s %q is neither an RFC 3339 time (2006-01-02T15:04:05Z) nor a duration (24h)", name, s)
+}
+
+func firstOf(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,246 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
+)
+
+// The admin operations each work in one transaction that locks the run's row first. A
+// checkpoint holds that row (its fence) from the statement that writes it until COMMIT, so an
+// admin operation waits for a step that is committing, and the step that comes after it sees
+// what the operation wrote: the fence checks the lease token and state = 'running', and every
+// operation here changes one or both.
+
+// lockedRun is a run's row as an admin operation locked it.
+type lockedRun struct {
+	state     store.RunState
+	workflow  string
+	leaseLive bool
+	owner     string
+}
+
+func (e *Engine) lockRun(ctx context.Context, t pgx.Tx, key idem.Key) (*lockedRun, error) {
+	var r lockedRun
+	var state string
+	err := t.QueryRow(ctx, e.st.Admin.RunLock, key.Scope, key.ID).Scan(&state, &r.workflow, &r.leaseLive, &r.owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, e.noRun(ctx, t, key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("workflow: error locking run: %w", err)
+	}
+	r.state = store.RunState(state)
+	return &r, nil
+}
+
+// RunCancel cancels the run under key: its stored outcome becomes cancelled with reason, and
+// every call with its key (Workflow.Run, Workflow.Get) gets a *CancelledError back
+// (errors.Is(err, ErrCancelled)).
+//
+// It is safe against a live owner. The cancel takes the run's lease away in the same write, so
+// the owner's next checkpoint fails its fence, in the step's own transaction: a Tx step's
+// writes after the cancel never commit, and the owner stops with ErrCancelled without retrying.
+// The owner notices at its next checkpoint or lease renewal (every Config.Lease/3), whichever
+// comes first; a Call step that is already running when the cancel lands runs to its end, and
+// its outside effect stays, but its checkpoint is not written. A run with no live owner (its
+// process died, it waits for a resume job, or it sleeps or awaits a signal) is simply finished
+// as cancelled, and a resume or wake-up job that comes later finds nothing to do.
+//
+// Cancelling a cancelled run does nothing and returns nil. A done, failed or timed-out run
+// cannot be cancelled (the error says so); no run under key is idem.ErrNotFound. The workflow need not be
+// registered with e.
+//
+//	err := engine.RunCancel(ctx, idem.Key{Scope: "merchant:7", ID: "payout-1"}, "customer asked to stop")
+func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if reason == "" {
+		reason = "cancelled by an operator"
+	}
+	err := pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+		run, err := e.lockRun(ctx, t, key)
+		if err != nil {
+			return err
+		}
+		switch {
+		case run.state == store.RunCancelled:
+			return nil
+		case run.state.Finished():
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s and cannot be cancelled; only an unfinished run can", run.workflow, key.ID, key.Scope, run.state)
+		}
+		if _, err := t.Exec(ctx, e.st.Admin.RunCancel, key.Scope, key.ID, encodeFailure(reason), e.cfg.TTL.Microseconds()); err != nil {
+			return fmt.Errorf("workflow: error cancelling run: %w", err)
+		}
+		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.workflow, "scope", key.Scope, "id", key.ID, "owner", run.owner, "reason", reason)
+		return nil
+	})
+	return err
+}
+
+// RunResume continues a failed, cancelled or stuck run now, from its last completed step, with
+// a fresh budget of Config.MaxAttempts attempts: it makes the run running again with no owner,
+// and inserts the River resume job that takes it, in the same transaction. So the run is
+// continued by whichever process of the application works that job (the engine's River client,
+// from [Engine.SetClient], inserts it; the workflow need not be registered with e).
+//
+//   - Failed (a step failed for good, the workflow returned an error, or the reconcile hook gave
+//     the run up after too many attempts): the run's history is cut at its first failed step,
+//     so that step runs again, and so do the steps after it; steps before it are replayed from
+//     the history. The assumption is that the operator fixed what made it fail. A run that
+//     failed without a failed step runs its workflow function again over the whole history.
+//   - Cancelled: the run continues where it stopped, its history intact.
+//   - Running with no live owner (its lease expired, for instance at Config.MaxAttempts,
+//     waiting for the reconcile hook): it is handed to a resume job now.
+//   - Running with a live owner, done, timed out, sleeping or awaiting a signal (a waiting run
+//     is woken by its own job): refused, with an error that says why.
+//
+// A cancelled run that was waiting continues where it waited: a sleep keeps its wake-up time
+// and an await its timeout, as after a crash.
+//   - No run under key: idem.ErrNotFound.
+//
+// A caller waiting on the run with Workflow.Run or Workflow.Get sees it in flight again, and
+// then its new outcome.
+//
+//	err := engine.RunResume(ctx, idem.Key{Scope: "merchant:7", ID: "payout-1"})
+func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	client, err := e.riverClient(ctx)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+		run, err := e.lockRun(ctx, t, key)
+		if err != nil {
+			return err
+		}
+		switch {
+		case run.state == store.RunDone:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is done; there is nothing to resume (fork it under a new key to run it again)", run.workflow, key.ID, key.Scope)
+		case run.leaseLive:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is running in %s, which holds its lease; cancel it first, or let it finish", run.workflow, key.ID, key.Scope, run.owner)
+		case run.state != store.RunFailed && run.state != store.RunCancelled && run.state != store.RunRunning:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s; only a failed, cancelled or stuck running run can be resumed", run.workflow, key.ID, key.Scope, run.state)
+		case run.state == store.RunFailed:
+			if _, err := t.Exec(ctx, e.st.Admin.RunCutFailed, key.Scope, key.ID); err != nil {
+				return fmt.Errorf("workflow: error removing the failed step: %w", err)
+			}
+		}
+		var generation int64
+		if err := t.QueryRow(ctx, e.st.Admin.RunReopen, key.Scope, key.ID).Scan(&generation); err != nil {
+			return fmt.Errorf("workflow: error reopening run: %w", err)
+		}
+		if err := e.insertResume(ctx, client, t, key, generation); err != nil {
+			return err
+		}
+		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.workflow, "scope", key.Scope, "id", key.ID, "from", string(run.state))
+		return nil
+	})
+}
+
+// RunFork starts a new run under newKey, of the same workflow with the same input, whose
+// history is the run under key's steps before position fromStep (1 copies nothing, 2 copies
+// step 1, and so on): those steps are replayed, not run, and the new run runs from fromStep on,
+// through a River resume job inserted in the same transaction. It is how an operator reruns a
+// run from a step once the bug that broke that step is fixed, without touching the original.
+//
+// The new run is a run of its own: its steps get new derived keys (see [StepKey]), a run with a
+// deadline (RunOpts.Timeout) gets the same timeout counted from the fork, and calling
+// Workflow.Run or Workflow.Get with newKey and the same input joins it. newKey must be unused:
+// a key that exists (of a run or of idem.Do) is refused with idem.ErrMismatch. fromStep must be
+// between 1 and one more than the run's number of steps. The original run is read as it is,
+// whatever its state, and left alone.
+//
+//	err := engine.RunFork(ctx,
+//		idem.Key{Scope: "merchant:7", ID: "payout-1"},
+//		idem.Key{Scope: "merchant:7", ID: "payout-1-retry"}, 3)
+func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if err := newKey.Validate(); err != nil {
+		return err
+	}
+	if fromStep < 1 {
+		return fmt.Errorf("workflow: fromStep cannot be less than 1 (got %d)", fromStep)
+	}
+	client, err := e.riverClient(ctx)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+		var (
+			workflow           string
+			fingerprint, input []byte
+			trace              *string
+			steps              int
+			timeout            *int64
+		)
+		err := t.QueryRow(ctx, e.st.Admin.RunForkSource, key.Scope, key.ID).Scan(&workflow, &fingerprint, &input, &trace, &steps, &timeout)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return e.noRun(ctx, t, key)
+		}
+		if err != nil {
+			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
+		}
+		if fromStep > steps+1 {
+			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
+		}
+		var generation int64
+		err = t.QueryRow(ctx, e.st.Runs.Enqueue, newKey.Scope, newKey.ID, fingerprint, workflow, input, trace, timeout).Scan(&generation)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: key %q in scope %q is taken; fork into a key that was never used", idem.ErrMismatch, newKey.ID, newKey.Scope)
+		}
+		if err != nil {
+			return fmt.Errorf("workflow: error creating the forked run: %w", err)
+		}
+		if _, err := t.Exec(ctx, e.st.Admin.RunForkSteps, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
+			return fmt.Errorf("workflow: error copying the run's history: %w", err)
+		}
+		if err := e.insertResume(ctx, client, t, newKey, generation); err != nil {
+			return err
+		}
+		e.log.InfoContext(ctx, "workflow: run forked", "workflow", workflow, "scope", key.Scope, "id", key.ID,
+			"new_scope", newKey.Scope, "new_id", newKey.ID, "from_step", fromStep)
+		return nil
+	})
+}
+
+// insertResume inserts the job that runs an ownerless run now, unique for the run's generation
+// (its lease expiry), as StartTx does.
+func (e *Engine) insertResume(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, key idem.Key, generation int64) error {
+	_, err := client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation},
+		&river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}})
+	if err != nil {
+		return fmt.Errorf("workflow: error inserting the job that resumes the run: %w", err)
+	}
+	return nil
+}
+
+// cancelledOutcome turns an error that stopped a run into the run's cancellation, when that is
+// what happened: a cancel takes the lease away, so the owner first sees a lost lease, and only
+// the stored state tells the two apart. A lost lease to another owner stays ErrLeaseLost.
+func (e *Engine) cancelledOutcome(ctx context.Context, rs *runState, err error) error {
+	if !errors.Is(err, ErrLeaseLost) {
+		return err
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	row, found, lerr := e.lookup(lctx, e.db, idemKey(rs))
+	if lerr != nil || !found || row.state == nil || store.RunState(*row.state) != store.RunCancelled {
+		return err
+	}
+	e.log.InfoContext(ctx, "workflow: run was cancelled and stopped at its step boundary", "workflow", rs.def.Name(),
+		"scope", rs.scope, "id", rs.id, "attempt", rs.attempt)
+	return cancelledFromStored(rs.def.Name(), idemKey(rs), row.output)
+}

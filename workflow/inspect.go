@@ -1,0 +1,337 @@
+package workflow
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
+)
+
+// RunState is the state of a run, as stored. A run is running until it finishes as done,
+// failed, cancelled or timed out, and may wait (sleeping, awaiting a signal) in between; later
+// versions may add states, so treat a state you do not know as "not finished" rather than as an
+// error.
+//
+//	if run.State == workflow.RunStateFailed { ... }
+type RunState string
+
+// The states a run can be in today.
+//
+//	failed, err := engine.RunList(ctx, &workflow.RunListParams{States: []workflow.RunState{workflow.RunStateFailed}})
+const (
+	RunStateRunning   = RunState(store.RunRunning)
+	RunStateSleeping  = RunState(store.RunSleeping)
+	RunStateAwaiting  = RunState(store.RunAwaiting)
+	RunStateDone      = RunState(store.RunDone)
+	RunStateFailed    = RunState(store.RunFailed)
+	RunStateCancelled = RunState(store.RunCancelled)
+	RunStateTimedOut  = RunState(store.RunTimedOut)
+)
+
+// Finished reports whether s is a final state: done, failed, cancelled or timed out.
+//
+//	if !run.State.Finished() { ... } // still working, or waiting
+func (s RunState) Finished() bool { return store.RunState(s).Finished() }
+
+// RunRow is a run as stored, for operators: what [Engine.RunGet] and [Engine.RunList] return.
+// Reading it has no side effect.
+//
+//	run, err := engine.RunGet(ctx, key)
+//	fmt.Printf("%s %s: %s after %d attempts, %d steps\n", run.Workflow, run.ID, run.State, run.Attempts, len(run.Steps))
+type RunRow struct {
+	Scope    string   `json:"scope"`
+	ID       string   `json:"id"`
+	Workflow string   `json:"workflow"`
+	State    RunState `json:"state"`
+
+	// Attempts counts how many times the run was started or taken over since its budget was
+	// last renewed (a resume renews it).
+	Attempts int `json:"attempts"`
+
+	// LeaseOwner names the process that holds the run ("host:pid"), and LeaseExpires when its
+	// lease runs out; "" and nil when no one holds it (a finished run, or one waiting for a
+	// resume job). A lease in the past means the owner is gone and the run will be resumed.
+	LeaseOwner   string     `json:"lease_owner,omitempty"`
+	LeaseExpires *time.Time `json:"lease_expires,omitempty"`
+
+	// LastError is why the last attempt stopped without an outcome (a panic, code that no longer
+	// matches the history), when known.
+	LastError string `json:"last_error,omitempty"`
+
+	// Input is the run's input as JSON. Output is the output as JSON when done, and
+	// {"error": "..."} when failed, cancelled or timed out; Error is that message.
+	Input  json.RawMessage `json:"input,omitempty"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Error  string          `json:"error,omitempty"`
+
+	Created  time.Time  `json:"created"`
+	Updated  time.Time  `json:"updated"`
+	Finished *time.Time `json:"finished,omitempty"`
+	Expires  *time.Time `json:"expires,omitempty"` // when a finished run is reaped
+
+	// Steps are the run's completed steps in order; filled by RunGet only.
+	Steps []StepRow `json:"steps,omitempty"`
+}
+
+// StepRow is one completed step of a run, as stored in its history.
+//
+//	for _, s := range run.Steps {
+//		fmt.Printf("#%d %s:%s %s\n", s.Seq, s.Kind, s.Name, s.Output)
+//	}
+type StepRow struct {
+	Seq      int             `json:"seq"` // position in the run, from 1
+	Name     string          `json:"name"`
+	Kind     string          `json:"kind"` // "tx", "call", "enqueue", ...
+	Attempts int             `json:"attempts"`
+	Output   json.RawMessage `json:"output,omitempty"` // the step's output as JSON
+	Error    string          `json:"error,omitempty"`  // set instead when the step failed for good
+	Created  time.Time       `json:"created"`          // when its checkpoint was written
+}
+
+// scanRun reads store.runColumns.
+func scanRun(r pgx.Row) (*RunRow, error) {
+	run := &RunRow{}
+	var input, output []byte
+	dest := []any{&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner,
+		&run.LeaseExpires, &run.LastError, &input, &output, &run.Created, &run.Updated, &run.Finished, &run.Expires}
+	if err := r.Scan(dest...); err != nil {
+		return nil, err
+	}
+	run.Input, run.Output = rawJSON(input), rawJSON(output)
+	if run.State.Finished() && run.State != RunStateDone {
+		var f storedFailure
+		if json.Unmarshal(output, &f) == nil {
+			run.Error = f.Error
+		}
+	}
+	return run, nil
+}
+
+// rawJSON keeps stored JSON as it is, and makes anything else (there should be nothing else) a
+// JSON string, so that a RunRow always encodes.
+func rawJSON(b []byte) json.RawMessage {
+	if b == nil {
+		return nil
+	}
+	if json.Valid(b) {
+		return b
+	}
+	s, _ := json.Marshal(string(b))
+	return s
+}
+
+// RunGet reads the run under key with its steps, in one snapshot and without side effects: no
+// lock, no lease, no River. It works for runs of any workflow, registered with this engine or
+// not. A key with no run (never used, reaped, or a key of idem.Do's) is idem.ErrNotFound.
+//
+//	run, err := engine.RunGet(ctx, idem.Key{Scope: "merchant:7", ID: "payout-1"})
+//	if errors.Is(err, idem.ErrNotFound) { ... }
+//	if run.State == workflow.RunStateFailed {
+//		log.Printf("failed at step %d: %s", len(run.Steps), run.Error)
+//	}
+func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	var run *RunRow
+	err := pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+		// One snapshot for the run and its steps, so that they agree.
+		if _, err := t.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
+			return fmt.Errorf("workflow: error reading run: %w", err)
+		}
+		var err error
+		run, err = scanRun(t.QueryRow(ctx, e.st.Admin.RunGet, key.Scope, key.ID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return e.noRun(ctx, t, key)
+		}
+		if err != nil {
+			return fmt.Errorf("workflow: error reading run: %w", err)
+		}
+		rows, err := t.Query(ctx, e.st.Admin.RunSteps, key.Scope, key.ID)
+		if err != nil {
+			return fmt.Errorf("workflow: error reading run's steps: %w", err)
+		}
+		run.Steps, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRow, error) {
+			var (
+				s      StepRow
+				output []byte
+				msg    *string
+			)
+			err := r.Scan(&s.Seq, &s.Name, &s.Kind, &s.Attempts, &output, &msg, &s.Created)
+			s.Output = rawJSON(output)
+			if msg != nil {
+				s.Error = *msg
+			}
+			return s, err
+		})
+		if err != nil {
+			return fmt.Errorf("workflow: error reading run's steps: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return run, nil
+}
+
+// noRun explains a key that has no run: never stored, or a key of idem.Do's.
+func (e *Engine) noRun(ctx context.Context, q store.Querier, key idem.Key) error {
+	var workflow *string
+	err := q.QueryRow(ctx, e.st.Admin.KeyWorkflow, key.Scope, key.ID).Scan(&workflow)
+	switch {
+	case err == nil && workflow == nil:
+		return fmt.Errorf("%w: key %q in scope %q belongs to idem.Do, not to a run (see idem.KeyGet)", idem.ErrNotFound, key.ID, key.Scope)
+	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("workflow: error reading key: %w", err)
+	}
+	return runNotFound(key)
+}
+
+func runNotFound(key idem.Key) error {
+	return fmt.Errorf("%w: no run has key %q in scope %q", idem.ErrNotFound, key.ID, key.Scope)
+}
+
+// Page sizes of [Engine.RunList]: RunListParams.Limit 0 means DefaultRunListLimit, and a Limit
+// over MaxRunListLimit is refused.
+//
+//	res, err := engine.RunList(ctx, &workflow.RunListParams{Limit: workflow.MaxRunListLimit})
+const (
+	DefaultRunListLimit = 100
+	MaxRunListLimit     = 1000
+)
+
+// RunListParams filter and page [Engine.RunList]. nil, and every zero field, select everything.
+//
+//	params := &workflow.RunListParams{States: []workflow.RunState{workflow.RunStateFailed}, Limit: 50}
+type RunListParams struct {
+	States    []RunState // any of these states
+	Workflows []string   // any of these workflows
+	Scope     string     // this scope only
+
+	// Since and Until bound when the run was created: at or after Since, before Until.
+	Since, Until time.Time
+
+	// Limit is the page size: default 100, at most 1000.
+	Limit int
+
+	// After is the cursor of the page before (RunListResult.Next): this page starts after it.
+	After string
+}
+
+// RunListResult is a page of runs, newest first.
+//
+//	for page := (&workflow.RunListParams{}); ; {
+//		res, err := engine.RunList(ctx, page)
+//		...
+//		if res.Next == "" { break }
+//		page.After = res.Next
+//	}
+type RunListResult struct {
+	Runs []*RunRow `json:"runs"`
+	// Next is the cursor of the next page, "" when this page is the last.
+	Next string `json:"next,omitempty"`
+}
+
+// RunList lists runs, newest first, without side effects: Steps are left empty (see RunGet).
+// The cursor is the last run's (created, scope, id), which orders runs totally, so paging on
+// with RunListResult.Next neither repeats nor skips a run, however many are added meanwhile
+// (new runs are newer, and come before the first page). A Limit over 1000, a negative one, or a
+// cursor that is not one of RunList's is refused.
+//
+//	res, err := engine.RunList(ctx, &workflow.RunListParams{
+//		States:    []workflow.RunState{workflow.RunStateFailed, workflow.RunStateCancelled},
+//		Workflows: []string{"payout"},
+//		Since:     time.Now().Add(-24 * time.Hour),
+//	})
+//	for _, run := range res.Runs {
+//		fmt.Println(run.ID, run.State, run.Error)
+//	}
+func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListResult, error) {
+	if params == nil {
+		params = &RunListParams{}
+	}
+	f := store.RunFilter{Scope: params.Scope, Workflows: params.Workflows, Limit: params.Limit}
+	switch {
+	case params.Limit < 0:
+		return nil, fmt.Errorf("workflow: RunListParams.Limit cannot be negative (got %d)", params.Limit)
+	case params.Limit > MaxRunListLimit:
+		return nil, fmt.Errorf("workflow: RunListParams.Limit cannot be more than %d (got %d); page with After instead", MaxRunListLimit, params.Limit)
+	case params.Limit == 0:
+		f.Limit = DefaultRunListLimit
+	}
+	for _, s := range params.States {
+		f.States = append(f.States, string(s))
+	}
+	if !params.Since.IsZero() {
+		us := params.Since.UnixMicro()
+		f.Since = &us
+	}
+	if !params.Until.IsZero() {
+		us := params.Until.UnixMicro()
+		f.Until = &us
+	}
+	if params.After != "" {
+		c, err := decodeCursor(params.After)
+		if err != nil {
+			return nil, err
+		}
+		f.After = c
+	}
+	limit := f.Limit
+	f.Limit++
+	sql, args := e.st.ListRuns(f)
+	rows, err := e.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: error listing runs: %w", err)
+	}
+	res := &RunListResult{Runs: []*RunRow{}}
+	defer rows.Close()
+	for rows.Next() {
+		run, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("workflow: error listing runs: %w", err)
+		}
+		res.Runs = append(res.Runs, run)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("workflow: error listing runs: %w", err)
+	}
+	if len(res.Runs) > limit {
+		// One row more than the page was asked for, so that Next is "" on the last page.
+		res.Runs = res.Runs[:limit]
+		last := store.RunCursor{Created: res.Runs[limit-1].Created.UnixMicro(), Scope: res.Runs[limit-1].Scope, ID: res.Runs[limit-1].ID}
+		res.Next = encodeCursor(last)
+	}
+	return res, nil
+}
+
+type cursor struct {
+	Created int64  `json:"c"`
+	Scope   string `json:"s"`
+	ID      string `json:"i"`
+}
+
+func encodeCursor(c store.RunCursor) string {
+	data, _ := json.Marshal(cursor{Created: c.Created, Scope: c.Scope, ID: c.ID}) // strings and a number always encode
+	return base64.RawURLEncoding.EncodeToString(data)
+}
+
+func decodeCursor(s string) (*store.RunCursor, error) {
+	data, err := base64.RawURLEncoding.DecodeString(s)
+	var c cursor
+	if err == nil {
+		err = json.Unmarshal(data, &c)
+	}
+	if err != nil || c.Scope == "" || c.ID == "" {
+		return nil, fmt.Errorf("workflow: RunListParams.After %q is not a cursor from RunListResult.Next", s)
+	}
+	return &store.RunCursor{Created: c.Created, Scope: c.Scope, ID: c.ID}, nil
+}
