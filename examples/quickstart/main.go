@@ -64,12 +64,13 @@ func run(ctx context.Context) error {
 
 	var executions atomic.Int64
 	send := func(key string, req transferReq) (receipt, bool, error) {
-		ran := false
+		// The ledger row this call's function wrote, if it ran. It may run and be rolled back
+		// (a duplicate committed first; the retry then replays that one's answer), so "this
+		// call executed" means the answer carries this call's own row.
+		var mine int64
 		k := idem.Key{Scope: "customer:alice", ID: key,
 			Fingerprint: idem.Fingerprint(req.From, req.To, strconv.FormatInt(req.Amount, 10))}
 		r, err := idem.Run(ctx, pool, k, func(ctx context.Context, tx pgx.Tx) (receipt, error) {
-			ran = true
-			executions.Add(1)
 			var r receipt
 			// A slow fraud check, so that concurrent duplicates really overlap.
 			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
@@ -82,9 +83,14 @@ func run(ctx context.Context) error {
 				return r, err
 			}
 			err := tx.QueryRow(ctx, `INSERT INTO qs_ledger (idem_key, from_acct, to_acct, amount) VALUES ($1, $2, $3, $4) RETURNING id`, key, req.From, req.To, req.Amount).Scan(&r.LedgerID)
+			mine = r.LedgerID
 			return r, err
 		})
-		return r, ran && err == nil, err
+		executed := err == nil && mine != 0 && r.LedgerID == mine
+		if executed {
+			executions.Add(1)
+		}
+		return r, executed, err
 	}
 	show := func(what, key string, r receipt, executed bool, err error) {
 		outcome := "replayed"
