@@ -18,6 +18,17 @@
 // [ErrMismatch]. [Run] is the same operation when idem may own the transaction, and then it adds
 // no round trip to it at all.
 //
+// # Cost
+//
+// Do adds two statements to the caller's transaction: a lookup that also takes the key's
+// in-flight lock, and the key's INSERT. Run sends BEGIN with the lookup and the INSERT with
+// COMMIT, so it costs what a hand-rolled key table costs, without a round trip of its own: in
+// scripts/bench (a transfer of two UPDATEs and an INSERT, 8 clients, durable commits, client and
+// Postgres on the same two cores) Run ran at 0.69–0.87 of the bare transaction's throughput and
+// the hand-rolled table at 0.67–0.86; with [Optimistic], which drops the lookup, 0.75–0.99. A
+// replay is one statement, 4–5.6 times the bare transaction's throughput. Expired keys cost
+// nothing until [Reap] deletes them: 5,000,000 of them left a fresh key's cost unchanged.
+//
 // [KeyGet] shows what is stored under a key, and [KeyDelete] forgets a stored result so that
 // the key runs again.
 //
