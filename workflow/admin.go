@@ -45,8 +45,8 @@ func (e *Engine) lockRun(ctx context.Context, t pgx.Tx, key idem.Key) (*lockedRu
 // every call with its key (Workflow.Run, Workflow.Get) gets a *CancelledError back
 // (errors.Is(err, ErrCancelled)).
 //
-// It is safe against a live owner. The cancel takes the run's lease away in the same write, so
-// the owner's next checkpoint fails its fence, in the step's own transaction: a Tx step's
+// It is safe against a live owner. The cancel takes the run's lease token away in the same
+// write, so the owner's next checkpoint fails its fence, in the step's own transaction: a Tx step's
 // writes after the cancel never commit, and the owner stops with ErrCancelled without retrying.
 // The owner notices at its next checkpoint or lease renewal (every Config.Lease/3), whichever
 // comes first; a Call step that is already running when the cancel lands runs to its end, and
@@ -95,17 +95,24 @@ func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) err
 //   - Failed (a step failed for good, the workflow returned an error, or the reconcile hook gave
 //     the run up after too many attempts): the run's history is cut at its first failed step,
 //     so that step runs again, and so do the steps after it; steps before it are replayed from
-//     the history. The assumption is that the operator fixed what made it fail. A run that
-//     failed without a failed step runs its workflow function again over the whole history.
-//   - Cancelled: the run continues where it stopped, its history intact.
+//     the history. The assumption is that the operator fixed what made it fail. Signals that
+//     the cut steps consumed are pending again, and a wait they began is forgotten; events
+//     they set stay until the rerun sets them again. A run that failed without a failed step
+//     runs its workflow function again over the whole history. A Call step that runs again
+//     gets the same derived key (see [StepKey]): an outside service that stored its failed
+//     answer under that key gives the same answer again; fork the run ([Engine.RunFork]), whose
+//     steps get new keys, to reach such a service afresh.
+//   - Cancelled: the run continues where it stopped, its history intact. A run cancelled under
+//     a live owner is refused until that owner's lease has run out, so that the resume does not
+//     run beside a step the cancelled owner is still finishing.
 //   - Running with no live owner (its lease expired, for instance at Config.MaxAttempts,
 //     waiting for the reconcile hook): it is handed to a resume job now.
 //   - Running with a live owner, done, timed out, sleeping or awaiting a signal (a waiting run
 //     is woken by its own job): refused, with an error that says why.
+//   - No run under key: idem.ErrNotFound.
 //
 // A cancelled run that was waiting continues where it waited: a sleep keeps its wake-up time
 // and an await its timeout, as after a crash.
-//   - No run under key: idem.ErrNotFound.
 //
 // A caller waiting on the run with Workflow.Run or Workflow.Get sees it in flight again, and
 // then its new outcome.
@@ -127,6 +134,8 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 		switch {
 		case run.state == store.RunDone:
 			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is done; there is nothing to resume (fork it under a new key to run it again)", run.workflow, key.ID, key.Scope)
+		case run.leaseLive && run.state == store.RunCancelled:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q was cancelled while %s ran it, and that process may still be finishing its current step until its lease runs out (at most Config.Lease); resume it after that", run.workflow, key.ID, key.Scope, run.owner)
 		case run.leaseLive:
 			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is running in %s, which holds its lease; cancel it first, or let it finish", run.workflow, key.ID, key.Scope, run.owner)
 		case run.state != store.RunFailed && run.state != store.RunCancelled && run.state != store.RunRunning:
@@ -239,6 +248,10 @@ func (e *Engine) cancelledOutcome(ctx context.Context, rs *runState, err error) 
 	row, found, lerr := e.lookup(lctx, e.db, idemKey(rs))
 	if lerr != nil || !found || row.state == nil || store.RunState(*row.state) != store.RunCancelled {
 		return err
+	}
+	if _, herr := e.db.Exec(lctx, e.st.Admin.RunCancelHeard, rs.scope, rs.id, e.owner); herr != nil {
+		// The lease then runs out by itself; a resume waits for that.
+		e.log.WarnContext(ctx, "workflow: error giving up the lease of a cancelled run", "scope", rs.scope, "id", rs.id, "error", herr)
 	}
 	e.log.InfoContext(ctx, "workflow: run was cancelled and stopped at its step boundary", "workflow", rs.def.Name(),
 		"scope", rs.scope, "id", rs.id, "attempt", rs.attempt)

@@ -41,6 +41,9 @@ func TestRunCancel(t *testing.T) {
 		}()
 		<-at.reached
 		require.NoError(t, e.RunCancel(b.ctx, key, "customer asked"))
+		// The owner is still inside settle: a resume now would run beside it.
+		e.SetClient(insertOnlyClient(t, b))
+		require.ErrorContains(t, e.RunResume(b.ctx, key), "may still be finishing its current step")
 		release()
 		err := <-done
 		var cancelled *workflow.CancelledError

@@ -101,10 +101,11 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 		state   string
 		awaits  bool
 		waitSeq int
-		created int64
-		seq     *int64
+		created   int64
+		suspended int64
+		seq       *int64
 	)
-	err = t.QueryRow(ctx, e.st.Waits.Signal, key.Scope, key.ID, name, data, dedupe).Scan(&state, &awaits, &waitSeq, &created, &seq)
+	err = t.QueryRow(ctx, e.st.Waits.Signal, key.Scope, key.ID, name, data, dedupe).Scan(&state, &awaits, &waitSeq, &created, &seq, &suspended)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: cannot signal %q to key %q in scope %q", ErrRunNotFound, name, key.ID, key.Scope)
 	}
@@ -118,8 +119,11 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 	if seq != nil {
 		res.Seq = *seq
 	}
-	if awaits {
-		args := WakeArgs{Scope: key.Scope, ID: key.ID, Generation: created, Seq: waitSeq, Reason: "signal"}
+	if awaits && seq != nil {
+		// Only a recorded signal wakes the run (a duplicate has nothing for it). The job is
+		// unique per suspension: a wake job of an earlier suspension at the same step, still
+		// running in River after the run went back to waiting, must not swallow this one.
+		args := WakeArgs{Scope: key.Scope, ID: key.ID, Generation: created, Seq: waitSeq, Reason: "signal", Suspended: suspended}
 		if _, err := client.InsertTx(ctx, t, args, e.signalWakeOpts()); err != nil {
 			return nil, fmt.Errorf("workflow: error inserting the job that wakes the run: %w", err)
 		}

@@ -42,6 +42,11 @@ type WakeArgs struct {
 	Generation int64  `json:"generation"` // the run's creation time in µs: a reused key is a new run
 	Seq        int    `json:"seq"`        // the waiting step's position
 	Reason     string `json:"reason"`     // "timer", "signal" or "scan", for operators
+
+	// Suspended tells a signal's wake job for one suspension from one for an earlier
+	// suspension at the same step (the run's updated_at in µs when it began to wait), so that
+	// River's uniqueness never folds the two. 0 for timer and scan jobs.
+	Suspended int64 `json:"suspended,omitempty"`
 }
 
 // Kind implements river.JobArgs.

@@ -33,12 +33,16 @@ type AdminStatements struct {
 	// after it sees what this transaction wrote. $1 scope, $2 id.
 	RunLock string
 
-	// RunCancel finishes a run as cancelled. It clears the lease, so that the owner's next
-	// checkpoint or renewal fails its fence. $1 scope, $2 id, $3 output, $4 TTL µs.
+	// RunCancel finishes a run as cancelled. It takes the lease's token away, so that the
+	// owner's next checkpoint or renewal fails its fence, and keeps the lease's owner and
+	// expiry: the owner may still be finishing a step until then, and a resume must not start a
+	// second owner beside it. $1 scope, $2 id, $3 output, $4 TTL µs.
 	RunCancel string
 
 	// RunCutFailed deletes a run's steps from its first failed one on, so that a resume runs the
-	// failed step again. $1 scope, $2 id. Returns the seq of each step deleted.
+	// failed step again, and undoes what those steps did to the run's waiting: signals they
+	// consumed are pending again, and a wait they left behind is forgotten (its timeout with
+	// it). $1 scope, $2 id. Returns the seq of each step deleted.
 	RunCutFailed string
 
 	// RunReopen makes a run running again, with no owner, a lease that is already over and a
@@ -54,6 +58,11 @@ type AdminStatements struct {
 	// RunForkSteps copies the steps before a position to another run.
 	// $1 scope, $2 id, $3 new scope, $4 new id, $5 from seq (not copied).
 	RunForkSteps string
+
+	// RunCancelHeard is the cancelled owner saying it has stopped: the lease it kept (see
+	// RunCancel) is given up, so that a resume need not wait for it to run out.
+	// $1 scope, $2 id, $3 lease owner.
+	RunCancelHeard string
 }
 
 const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.lease_owner, ''), r.lease_expires_at,
@@ -80,13 +89,25 @@ WHERE scope = $1 AND id = $2 ORDER BY seq`),
 		RunLock: t.render(`SELECT state, workflow, coalesce(lease_expires_at > now(), false), coalesce(lease_owner, '')
 FROM {runs} WHERE scope = $1 AND id = $2 FOR UPDATE`),
 
-		RunCancel: t.render(`UPDATE {runs} SET state = 'cancelled', output = $3, lease_token = NULL, lease_owner = NULL,
-	lease_expires_at = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $4::int8 @us
+		RunCancel: t.render(`UPDATE {runs} SET state = 'cancelled', output = $3, lease_token = NULL,
+	updated_at = now(), finished_at = now(), expires_at = now() + $4::int8 @us
 WHERE scope = $1 AND id = $2`),
 
-		RunCutFailed: t.render(`DELETE FROM {steps} WHERE scope = $1 AND id = $2
-	AND seq >= (SELECT min(seq) FROM {steps} WHERE scope = $1 AND id = $2 AND error IS NOT NULL)
-RETURNING seq`),
+		RunCancelHeard: t.render(`UPDATE {runs} SET lease_owner = NULL, lease_expires_at = NULL
+WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND lease_owner = $3`),
+
+		RunCutFailed: t.render(`WITH cut AS (
+	SELECT min(seq) AS seq FROM {steps} WHERE scope = $1 AND id = $2 AND error IS NOT NULL
+), deleted AS (
+	DELETE FROM {steps} WHERE scope = $1 AND id = $2 AND seq >= (SELECT seq FROM cut) RETURNING seq
+), unconsumed AS (
+	UPDATE {signals} SET consumed_at = NULL, consumed_step = NULL
+	WHERE scope = $1 AND id = $2 AND consumed_step >= (SELECT seq FROM cut)
+), unwaited AS (
+	UPDATE {runs} SET wait_seq = NULL, wait_name = NULL, wake_at = NULL
+	WHERE scope = $1 AND id = $2 AND wait_seq >= (SELECT seq FROM cut)
+)
+SELECT seq FROM deleted`),
 
 		RunReopen: t.render(`UPDATE {runs} SET state = 'running', output = NULL, attempts = 0, lease_token = NULL,
 	lease_owner = NULL, lease_expires_at = now(), last_error = NULL, updated_at = now(), finished_at = NULL,

@@ -35,8 +35,9 @@ type WaitStatements struct {
 	// Signal records a signal in the caller's transaction, unless the run is unknown or
 	// finished, or the dedupe id was seen before. It locks the run FOR KEY SHARE (see Lock).
 	// $1 scope, $2 id, $3 name, $4 payload, $5 dedupe id. Returns the run's state, whether it
-	// awaits this signal now, its wait_seq, created_at µs and the signal's seq (NULL for a
-	// duplicate or a refused signal); no row when the run is unknown.
+	// awaits this signal now, its wait_seq, created_at µs, the signal's seq (NULL for a
+	// duplicate or a refused signal) and updated_at µs (while the run waits, when its wait
+	// began); no row when the run is unknown.
 	Signal string
 
 	// Overdue finds waiting runs due for longer than $2 µs, whose wake-up job should have run by
@@ -87,7 +88,8 @@ WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND deadline <= now()`),
 
 		Signal: t.render(`WITH run AS (
-	SELECT state, wait_name, wait_seq, (extract(epoch FROM created_at) * 1000000)::int8 AS created
+	SELECT state, wait_name, wait_seq, (extract(epoch FROM created_at) * 1000000)::int8 AS created,
+		(extract(epoch FROM updated_at) * 1000000)::int8 AS suspended
 	FROM {runs} WHERE scope = $1 AND id = $2
 	FOR KEY SHARE
 ), sig AS (
@@ -97,7 +99,7 @@ WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	RETURNING seq
 )
 SELECT run.state, run.state = 'awaiting' AND run.wait_name IS NOT DISTINCT FROM $3, coalesce(run.wait_seq, 0), run.created,
-	(SELECT seq FROM sig)
+	(SELECT seq FROM sig), run.suspended
 FROM run`),
 
 		Overdue: t.render(`SELECT scope, id, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0)
