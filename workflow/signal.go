@@ -98,9 +98,9 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 		return nil, err
 	}
 	var (
-		state   string
-		awaits  bool
-		waitSeq int
+		state     string
+		awaits    bool
+		waitSeq   int
 		created   int64
 		suspended int64
 		seq       *int64
