@@ -324,6 +324,12 @@ func encodeCursor(c store.RunCursor) string {
 	return base64.RawURLEncoding.EncodeToString(data)
 }
 
+// ErrInvalidCursor is RunList's answer to a RunListParams.After that is not a cursor it made.
+//
+//	if errors.Is(err, workflow.ErrInvalidCursor) { // start from the first page
+//	}
+var ErrInvalidCursor = errors.New("workflow: invalid RunList cursor")
+
 func decodeCursor(s string) (*store.RunCursor, error) {
 	data, err := base64.RawURLEncoding.DecodeString(s)
 	var c cursor
@@ -331,7 +337,7 @@ func decodeCursor(s string) (*store.RunCursor, error) {
 		err = json.Unmarshal(data, &c)
 	}
 	if err != nil || c.Scope == "" || c.ID == "" {
-		return nil, fmt.Errorf("workflow: RunListParams.After %q is not a cursor from RunListResult.Next", s)
+		return nil, fmt.Errorf("%w: RunListParams.After %q is not a cursor from RunListResult.Next", ErrInvalidCursor, s)
 	}
 	return &store.RunCursor{Created: c.Created, Scope: c.Scope, ID: c.ID}, nil
 }

@@ -61,6 +61,9 @@ var migrateCmd = &command{
 		if err != nil {
 			return err
 		}
+		if latest := len(idem.Migrations()); c.to < -1 || c.to > latest {
+			return usagef("--to must be a version from 0 to %d, the latest (got %d)", latest, c.to)
+		}
 		if c.to >= 0 {
 			err = idem.MigrateTo(ctx, pool, c.to, c.opts()...)
 		} else {

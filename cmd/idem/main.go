@@ -34,6 +34,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Exit codes.
@@ -91,10 +93,28 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if isHelp(argv[0]) || argv[0] == "help" {
+		// "idem help runs list" is "idem runs list --help"; "idem help runs", the group's list.
+		if len(argv) > 1 && argv[0] == "help" {
+			return run(ctx, append(argv[1:], "--help"), stdout, stderr)
+		}
 		usage(stdout)
 		return exitOK
 	}
 	cmd, rest := find(argv)
+	if cmd == nil && isGroup(argv[0]) {
+		// "idem runs" alone, or "idem runs --help": the group's commands.
+		if len(argv) > 1 && isHelp(argv[1]) {
+			groupUsage(stdout, argv[0])
+			return exitOK
+		}
+		if len(argv) == 1 {
+			fmt.Fprintf(stderr, "idem %s: name a command of the group\n\n", argv[0])
+		} else {
+			fmt.Fprintf(stderr, "idem %s: unknown command %q\n\n", argv[0], argv[1])
+		}
+		groupUsage(stderr, argv[0])
+		return exitUsage
+	}
 	if cmd == nil {
 		fmt.Fprintf(stderr, "idem: unknown command %q\n\n", strings.Join(argv[:min(2, len(argv))], " "))
 		usage(stderr)
@@ -126,6 +146,10 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	default:
 		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, strings.TrimPrefix(err.Error(), "idem: "))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" && !strings.Contains(err.Error(), "idem.Migrate") {
+			fmt.Fprintf(stderr, "idem %s: a table is missing: run \"idem migrate\" (with the same --schema) for idem's tables, and River's rivermigrate for River's\n", cmd.name)
+		}
 		return exitFailed
 	}
 }
@@ -191,6 +215,29 @@ func parse(fs *flag.FlagSet, args []string, positional *[]string) error {
 		*positional = append(*positional, rest[0])
 		args = rest[1:]
 	}
+}
+
+// isGroup reports whether word is the first word of commands of two words ("keys", "runs").
+func isGroup(word string) bool {
+	for _, c := range commands {
+		if first, _, two := strings.Cut(c.name, " "); two && first == word {
+			return true
+		}
+	}
+	return false
+}
+
+// groupUsage lists the commands of a group.
+func groupUsage(w io.Writer, group string) {
+	fmt.Fprintf(w, "Usage: idem %s COMMAND [flags] [arguments]\n\nCommands:\n", group)
+	tw := newTable(w)
+	for _, c := range commands {
+		if strings.HasPrefix(c.name, group+" ") {
+			tw.row("  "+strings.TrimSpace(c.name+" "+strings.Join(c.args, " ")), c.summary)
+		}
+	}
+	tw.flush()
+	fmt.Fprintf(w, "\nidem %s COMMAND --help says more about one.\n", group)
 }
 
 func usage(w io.Writer) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -104,14 +105,16 @@ func TestCLI(t *testing.T) {
 		r := b.idem(t)
 		require.Equal(t, 2, r.code)
 		require.Contains(t, r.stderr, "runs list")
-		for _, args := range [][]string{{"--help"}, {"help"}, {"runs", "list", "--help"}, {"keys", "delete", "-h"}, {"migrate", "--help"}, {"runs", "fork", "--help"}} {
+		for _, args := range [][]string{{"--help"}, {"help"}, {"runs", "list", "--help"}, {"keys", "delete", "-h"}, {"migrate", "--help"}, {"runs", "fork", "--help"},
+			{"runs", "--help"}, {"keys", "-h"}, {"help", "runs"}, {"help", "runs", "show"}} {
 			r = b.idem(t, args...)
 			require.Equal(t, 0, r.code, args)
 			require.Contains(t, r.stdout, "Usage: idem", args)
 			require.Empty(t, r.stderr)
 		}
 		for _, args := range [][]string{{"nope"}, {"runs"}, {"runs", "show", "only-scope"}, {"runs", "list", "--bogus"}, {"runs", "list", "--limit", "1001"},
-			{"runs", "list", "--since", "yesterday"}, {"runs", "fork", "s", "a", "b"}, {"keys", "get", "s", "has space"}} {
+			{"runs", "list", "--since", "yesterday"}, {"runs", "fork", "s", "a", "b"}, {"keys", "get", "s", "has space"},
+			{"runs", "bogus"}, {"runs", "list", "--state", "bogus"}} {
 			r = b.idem(t, args...)
 			require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
 			require.NotEmpty(t, r.stderr)
@@ -146,6 +149,16 @@ func TestCLI(t *testing.T) {
 		r := b.idem(t, "keys", "get", "s", "k")
 		require.Equal(t, 1, r.code)
 		require.Contains(t, r.stderr, "tables are missing")
+		r = b.idem(t, "runs", "list")
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, `run "idem migrate"`, "the runs commands say what to do about missing tables too")
+		r = b.idem(t, "migrate", "--to", strconv.Itoa(latest+1))
+		require.Equal(t, 2, r.code, r.stderr)
+		require.Contains(t, r.stderr, "--to must be a version from 0 to")
+		b.ok(t, "migrate")
+		r = b.idem(t, "runs", "list", "--after", "garbage")
+		require.Equal(t, 2, r.code, r.stderr)
+		require.Contains(t, r.stderr, "--after")
 	})
 
 	t.Run("Keys", func(t *testing.T) {

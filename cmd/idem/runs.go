@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -77,6 +78,9 @@ var runsListCmd = &command{
 	run: func(ctx context.Context, c *call) error {
 		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows)}
 		for _, s := range splitList(c.list.states) {
+			if !knownState(workflow.RunState(s)) {
+				return usagef("--state %q is not a state of a run; the states are %s", s, strings.Join(stateNames(), ", "))
+			}
 			p.States = append(p.States, workflow.RunState(s))
 		}
 		var err error
@@ -91,6 +95,9 @@ var runsListCmd = &command{
 		}
 		return c.withEngine(ctx, false, func(e *workflow.Engine) error {
 			res, err := e.RunList(ctx, p)
+			if errors.Is(err, workflow.ErrInvalidCursor) {
+				return usagef("--after %q is not a cursor that runs list printed (its last line, \"more: --after ...\")", c.list.after)
+			}
 			if err != nil {
 				return err
 			}
@@ -281,4 +288,25 @@ func firstOf(s ...string) string {
 		}
 	}
 	return ""
+}
+
+// states are the states a run can be in.
+var states = []workflow.RunState{workflow.RunStateRunning, workflow.RunStateSleeping, workflow.RunStateAwaiting,
+	workflow.RunStateDone, workflow.RunStateFailed, workflow.RunStateCancelled, workflow.RunStateTimedOut}
+
+func knownState(s workflow.RunState) bool {
+	for _, k := range states {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+func stateNames() []string {
+	names := make([]string, len(states))
+	for i, s := range states {
+		names[i] = string(s)
+	}
+	return names
 }
