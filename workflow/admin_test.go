@@ -395,6 +395,11 @@ func TestAdminWaitingRuns(t *testing.T) {
 		require.Equal(t, "sleeping", state)
 		var wakeAt time.Time
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT wake_at FROM idem_runs`).Scan(&wakeAt))
+		sleeping, err := e.RunGet(b.ctx, key)
+		require.NoError(t, err)
+		require.NotNil(t, sleeping.WakeAt, "RunGet shows when a sleeping run wakes")
+		require.True(t, sleeping.WakeAt.Equal(wakeAt))
+		require.Empty(t, sleeping.AwaitingSignal)
 
 		err = e.RunResume(b.ctx, key)
 		require.ErrorContains(t, err, "is sleeping")

@@ -56,10 +56,22 @@ type RunRow struct {
 	Attempts int `json:"attempts"`
 
 	// LeaseOwner names the process that holds the run ("host:pid"), and LeaseExpires when its
-	// lease runs out; "" and nil when no one holds it (a finished run, or one waiting for a
-	// resume job). A lease in the past means the owner is gone and the run will be resumed.
+	// lease runs out; "" and nil when no one holds it (a finished run, a waiting one, or one
+	// waiting for a resume job). A lease in the past means the owner is gone and the run will
+	// be resumed. A run cancelled under an owner shows that owner's lease until it stops.
 	LeaseOwner   string     `json:"lease_owner,omitempty"`
 	LeaseExpires *time.Time `json:"lease_expires,omitempty"`
+
+	// For a sleeping or awaiting run: WakeAt is when it wakes (a sleep's end, an await's
+	// timeout; nil for an await without one), and AwaitingSignal the signal it waits for.
+	WakeAt         *time.Time `json:"wake_at,omitempty"`
+	AwaitingSignal string     `json:"awaiting_signal,omitempty"`
+
+	// Deadline is when the run times out (RunOpts.Timeout), nil without one.
+	Deadline *time.Time `json:"deadline,omitempty"`
+
+	// PendingSignals counts the signals in the run's mailbox that no await has consumed yet.
+	PendingSignals int `json:"pending_signals,omitempty"`
 
 	// LastError is why the last attempt stopped without an outcome (a panic, code that no longer
 	// matches the history), when known.
@@ -100,7 +112,8 @@ func scanRun(r pgx.Row) (*RunRow, error) {
 	run := &RunRow{}
 	var input, output []byte
 	dest := []any{&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner,
-		&run.LeaseExpires, &run.LastError, &input, &output, &run.Created, &run.Updated, &run.Finished, &run.Expires}
+		&run.LeaseExpires, &run.LastError, &input, &output, &run.Created, &run.Updated, &run.Finished, &run.Expires,
+		&run.WakeAt, &run.AwaitingSignal, &run.Deadline, &run.PendingSignals}
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}

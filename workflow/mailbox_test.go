@@ -81,6 +81,26 @@ func TestMailbox(t *testing.T) {
 		require.Equal(t, "done", b.waitFinished(t, key))
 	})
 
+	t.Run("RunGetShowsTheWait", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		e, key := awaitingAtThirdStep(t, b, "shown")
+		run, err := e.RunGet(b.ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, workflow.RunStateAwaiting, run.State)
+		require.Equal(t, "tick", run.AwaitingSignal)
+		require.Nil(t, run.WakeAt, "an await without a timeout wakes only for its signal")
+		require.Zero(t, run.PendingSignals)
+		b.signal(t, e, key, "evt_2", nil) // River is stopped: the signal waits in the mailbox
+		run, err = e.RunGet(b.ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, 1, run.PendingSignals)
+		page, err := e.RunList(b.ctx, &workflow.RunListParams{States: []workflow.RunState{workflow.RunStateAwaiting}})
+		require.NoError(t, err)
+		require.Len(t, page.Runs, 1)
+		require.Equal(t, 1, page.Runs[0].PendingSignals)
+	})
+
 	t.Run("DoOnAnExpiredRunsKeyClearsItsMailbox", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

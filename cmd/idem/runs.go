@@ -146,6 +146,18 @@ var runsShowCmd = &command{
 				lease = orDash(r.LeaseOwner) + " until " + stampPtr(r.LeaseExpires)
 			}
 			t.row("lease", lease)
+			if r.State == workflow.RunStateSleeping || r.State == workflow.RunStateAwaiting {
+				t.row("wakes", stampPtr(r.WakeAt))
+			}
+			if r.AwaitingSignal != "" {
+				t.row("awaiting", r.AwaitingSignal)
+			}
+			if r.Deadline != nil {
+				t.row("deadline", stampPtr(r.Deadline))
+			}
+			if r.PendingSignals > 0 {
+				t.row("mailbox", strconv.Itoa(r.PendingSignals)+" pending signals")
+			}
 			t.row("created", stamp(r.Created))
 			t.row("updated", stamp(r.Updated))
 			t.row("finished", stampPtr(r.Finished))

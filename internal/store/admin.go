@@ -66,7 +66,10 @@ type AdminStatements struct {
 }
 
 const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.lease_owner, ''), r.lease_expires_at,
-	coalesce(r.last_error, ''), r.input, r.output, r.created_at, r.updated_at, r.finished_at, r.expires_at`
+	coalesce(r.last_error, ''), r.input, r.output, r.created_at, r.updated_at, r.finished_at, r.expires_at,
+	CASE WHEN r.state IN ('sleeping', 'awaiting') THEN r.wake_at END,
+	CASE WHEN r.state = 'awaiting' THEN coalesce(r.wait_name, '') ELSE '' END, r.deadline,
+	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4`
 
 func adminStatements(t Tables) AdminStatements {
 	return AdminStatements{
@@ -178,7 +181,7 @@ func (st *Statements) ListRuns(f RunFilter) (string, []any) {
 	if c := f.After; c != nil {
 		where = append(where, "(r.created_at, r.scope, r.id) < ("+ts(c.Created)+", "+arg(c.Scope)+", "+arg(c.ID)+")")
 	}
-	sql := "SELECT " + runColumns + "\nFROM " + st.Tables.Runs + " r"
+	sql := st.Tables.render("SELECT " + runColumns + "\nFROM {runs} r")
 	if len(where) > 0 {
 		sql += "\nWHERE " + strings.Join(where, " AND ")
 	}
