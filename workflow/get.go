@@ -47,10 +47,12 @@ func (w *Workflow[In, Out]) Get(ctx context.Context, e *Engine, key idem.Key) (O
 	switch {
 	case err != nil:
 		return zero, err
-	case !found || row.state == nil:
+	case !found:
 		return zero, runNotFound(key)
 	case row.keyWorkflow == nil:
 		return zero, fmt.Errorf("%w: key %q in scope %q belongs to idem.Do, not to a run of workflow %q", idem.ErrNotFound, key.ID, key.Scope, w.name)
+	case row.state == nil:
+		return zero, runNotFound(key)
 	case *row.keyWorkflow != w.name:
 		return zero, fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not %q", idem.ErrMismatch, key.ID, key.Scope, *row.keyWorkflow, w.name)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -301,6 +302,12 @@ func TestWorkflowGet(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrMismatch)
 		_, err = wf.Get(b.ctx, e, idem.Key{Scope: "s", ID: "nope"})
 		require.ErrorIs(t, err, idem.ErrNotFound)
+		doKey := idem.Key{Scope: "s", ID: "a-do-key"}
+		_, err = idem.Run(b.ctx, b.pool, doKey, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		require.NoError(t, err)
+		_, err = wf.Get(b.ctx, e, doKey)
+		require.ErrorIs(t, err, idem.ErrNotFound)
+		require.ErrorContains(t, err, "belongs to idem.Do", "a key of Do's says so")
 		require.Equal(t, 1, int(fl.runs["a"].Load()))
 		require.Equal(t, 3, int(fl.runs["b"].Load()), "b ran its attempts in the Run, none in the Gets")
 		require.False(t, errors.Is(err, idem.ErrInFlight))

@@ -230,7 +230,12 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 	}
 	def, ok := e.workflows[name]
 	if !ok {
-		// Another deployment may know the workflow (a rolling deploy).
+		// Another deployment may know the workflow (a rolling deploy). A waiting run has no
+		// lease to give up on, so it waits for a deployment that knows its workflow, however
+		// long that takes; say so, since a workflow removed from every deployment leaves it
+		// waiting for good (RunCancel ends it).
+		e.log.WarnContext(ctx, "workflow: a waiting run is due but its workflow is not registered in this process; it waits for one that knows it",
+			"workflow", name, "scope", a.Scope, "id", a.ID)
 		return river.JobSnooze(e.cfg.ScanInterval)
 	}
 	rs := &runState{e: e, def: def, scope: a.Scope, id: a.ID, token: uuid.New(), next: 1}
