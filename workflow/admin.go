@@ -202,6 +202,11 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		if err != nil {
 			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
 		}
+		// Counted again now that the run is locked: a checkpoint that was committing while the
+		// lock was awaited is not in the first statement's snapshot.
+		if err := t.QueryRow(ctx, e.st.Admin.RunStepCount, key.Scope, key.ID).Scan(&steps); err != nil {
+			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
+		}
 		if fromStep > steps+1 {
 			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
 		}

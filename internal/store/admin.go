@@ -59,6 +59,9 @@ type AdminStatements struct {
 	// $1 scope, $2 id, $3 new scope, $4 new id, $5 from seq (not copied).
 	RunForkSteps string
 
+	// RunStepCount counts a run's completed steps. $1 scope, $2 id.
+	RunStepCount string
+
 	// RunCancelHeard is the cancelled owner saying it has stopped: the lease it kept (see
 	// RunCancel) is given up, so that a resume need not wait for it to run out.
 	// $1 scope, $2 id, $3 lease owner.
@@ -95,6 +98,8 @@ FROM {runs} WHERE scope = $1 AND id = $2 FOR UPDATE`),
 		RunCancel: t.render(`UPDATE {runs} SET state = 'cancelled', output = $3, lease_token = NULL,
 	updated_at = now(), finished_at = now(), expires_at = now() + $4::int8 @us
 WHERE scope = $1 AND id = $2`),
+
+		RunStepCount: t.render(`SELECT count(*)::int4 FROM {steps} WHERE scope = $1 AND id = $2`),
 
 		RunCancelHeard: t.render(`UPDATE {runs} SET lease_owner = NULL, lease_expires_at = NULL
 WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND lease_owner = $3`),
