@@ -77,34 +77,7 @@ func TestCrashWithSIGKILL(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), helperEnv+"="+point, helperDBEnv+"="+b.url)
-			cmd.Stderr = os.Stderr
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
-			reached := make(chan string, 1)
-			go func() {
-				sc := bufio.NewScanner(stdout)
-				for sc.Scan() {
-					if sc.Text() == crashMarker {
-						reached <- sc.Text()
-						return
-					}
-				}
-				close(reached)
-			}()
-			select {
-			case m, ok := <-reached:
-				require.True(t, ok, "child exited before reaching %s", point)
-				require.Equal(t, crashMarker, m)
-			case <-time.After(30 * time.Second):
-				t.Fatalf("child did not reach %s", point)
-			}
-			require.NoError(t, cmd.Process.Kill())
-			_ = cmd.Wait()
+			killChildAt(t, b, point)
 
 			wf := newTransfer(b.pool, nil)
 			e := b.engine(t, fastConfig(wf))
@@ -133,4 +106,38 @@ func TestCrashWithSIGKILL(t *testing.T) {
 			require.Equal(t, 2, attempts)
 		})
 	}
+}
+
+// killChildAt re-executes the test binary as a helper process that runs a workflow on b's
+// database up to point, where it prints crashMarker, and kills it there with SIGKILL: the
+// process dies as a real one does, with no deferred function, no rollback sent, no goodbye.
+func killChildAt(t *testing.T, b *testBundle, point string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+point, helperDBEnv+"="+b.url)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	reached := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if sc.Text() == crashMarker {
+				reached <- true
+				return
+			}
+		}
+		close(reached)
+	}()
+	select {
+	case ok := <-reached:
+		require.True(t, ok, "child exited before reaching %s", point)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("child did not reach %s", point)
+	}
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
 }

@@ -1,12 +1,10 @@
 package workflow_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -67,32 +65,7 @@ func TestSleepAcrossSIGKILL(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), helperEnv+"="+sleepPoint, helperDBEnv+"="+b.url)
-			cmd.Stderr = os.Stderr
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-			reached := make(chan bool, 1)
-			go func() {
-				sc := bufio.NewScanner(stdout)
-				for sc.Scan() {
-					if sc.Text() == crashMarker {
-						reached <- true
-						return
-					}
-				}
-				close(reached)
-			}()
-			select {
-			case ok := <-reached:
-				require.True(t, ok, "child exited before its run slept")
-			case <-time.After(30 * time.Second):
-				t.Fatal("child did not put its run to sleep")
-			}
-			require.NoError(t, cmd.Process.Kill())
-			_ = cmd.Wait()
+			killChildAt(t, b, sleepPoint)
 
 			state, _ := b.state(t, sleepKey)
 			require.Equal(t, "sleeping", state)
