@@ -14,7 +14,11 @@ import (
 )
 
 // connect opens a pool on the database the flags name.
+// connect returns the call's pool, made on first use; run closes it when the command is done.
 func (c *call) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if c.pool != nil {
+		return c.pool, nil
+	}
 	if c.databaseURL == "" {
 		c.databaseURL = os.Getenv("DATABASE_URL")
 	}
@@ -30,6 +34,7 @@ func (c *call) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("error connecting: %w", err)
 	}
+	c.pool = pool
 	return pool, nil
 }
 
@@ -56,7 +61,6 @@ var migrateCmd = &command{
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
 		from, err := idem.SchemaVersion(ctx, pool, c.opts()...)
 		if err != nil {
 			return err
@@ -97,7 +101,6 @@ var keysGetCmd = &command{
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
 		info, err := idem.KeyGet(ctx, pool, key, c.opts()...)
 		if err != nil {
 			return err
@@ -142,7 +145,6 @@ var keysDeleteCmd = &command{
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
 		if err := idem.KeyDelete(ctx, pool, key, c.opts()...); err != nil {
 			return err
 		}
@@ -159,7 +161,6 @@ var reapCmd = &command{
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
 		n, err := idem.Reap(ctx, pool, c.opts()...)
 		if err != nil {
 			return err

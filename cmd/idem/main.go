@@ -36,6 +36,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Exit codes.
@@ -67,6 +68,7 @@ type call struct {
 	databaseURL    string
 	schema         string
 	json           bool
+	pool           *pgxpool.Pool // from connect, closed by run
 
 	// Flags of some commands.
 	to          int
@@ -137,6 +139,9 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	err := cmd.run(ctx, c)
+	if c.pool != nil {
+		c.pool.Close()
+	}
 	var uerr *usageError
 	switch {
 	case err == nil:

@@ -42,7 +42,6 @@ func (c *call) withEngine(ctx context.Context, withRiver bool, f func(e *workflo
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
 	e, err := c.engine(pool, withRiver)
 	if err != nil {
 		return err
