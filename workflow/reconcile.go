@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem/internal/store"
 )
@@ -129,7 +129,7 @@ type inspected struct {
 	input           []byte
 	attempts        int
 	expired         *bool
-	token           *uuid.UUID
+	token           *pgtype.UUID
 	expiredFor      float64
 	recoveryPoint   string
 	lastError       string

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/backoff"
@@ -19,6 +20,11 @@ import (
 	"github.com/idemkit/idem/internal/txctl"
 )
 
+// newToken makes a lease's fencing token. It is a pgtype.UUID rather than a uuid.UUID, which pgx
+// would encode through its driver.Valuer (a string, a failed binary encode, a text scan) on
+// every statement that presents it.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
+
 // runState is one process's ownership of one run, from taking the lease to giving it up. Steps
 // reach it through the context the workflow function receives.
 type runState struct {
@@ -26,8 +32,8 @@ type runState struct {
 	def     Definition
 	scope   string
 	id      string
-	created int64 // created_at in microseconds: the run's generation, part of derived step keys
-	token   uuid.UUID
+	created int64       // created_at in microseconds: the run's generation, part of derived step keys
+	token   pgtype.UUID // the lease's fencing token; pgtype's own type, which pgx encodes without detour
 	attempt int
 	history []stepRecord
 	cancel  context.CancelCauseFunc
@@ -107,7 +113,7 @@ type keyRow struct {
 	leaseLive   bool
 	leaseLeft   int32 // seconds, rounded up
 	attempts    int
-	token       *uuid.UUID
+	token       *pgtype.UUID
 	created     int64
 	lastError   string
 	expiredFor  float64 // seconds since the lease expired (negative while live)
@@ -204,7 +210,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 	// answered.
 	var startLost time.Time // when this call's own start was lost with its COMMIT (see reload)
 	for pass := 0; pass < 5 || (!startLost.IsZero() && time.Since(startLost) < 5*time.Second); pass++ {
-		token := uuid.New()
+		token := newToken()
 		var created int64
 		var (
 			row   keyRow
@@ -317,8 +323,8 @@ func nullable(s string) any {
 // takeOver takes the lease of a run whose lease expired, if it still has token old, and loads
 // its history. It returns a nil runState when another process was faster.
 // by says who takes it: "job" (a resume job) or "call" (a call of Workflow.Run).
-func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *uuid.UUID, by string) (*runState, []byte, error) {
-	rs := &runState{e: e, def: def, scope: scope, id: id, token: uuid.New(), next: 1}
+func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *pgtype.UUID, by string) (*runState, []byte, error) {
+	rs := &runState{e: e, def: def, scope: scope, id: id, token: newToken(), next: 1}
 	var input []byte
 	var trace string
 	var now int64

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -238,7 +237,7 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 			"workflow", name, "scope", a.Scope, "id", a.ID)
 		return river.JobSnooze(e.cfg.ScanInterval)
 	}
-	rs := &runState{e: e, def: def, scope: a.Scope, id: a.ID, token: uuid.New(), next: 1}
+	rs := &runState{e: e, def: def, scope: a.Scope, id: a.ID, token: newToken(), next: 1}
 	var input []byte
 	var trace string
 	var now int64
