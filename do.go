@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/keyctx"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
@@ -183,7 +184,7 @@ func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, k
 	if v == verdictRunKey {
 		// The rare path: the key belongs to a run, which Do may only take once the run has
 		// finished and expired.
-		if err := takeRunKey(ctx, t, st, cfg, key, lock); err != nil {
+		if err := takeRunKey(ctx, t, st, cfg, key, lock, *row.Workflow); err != nil {
 			return zero, outcomeOf(err), err
 		}
 		v = verdictRunFresh
@@ -285,14 +286,12 @@ func decide(key Key, cfg *config, row store.KeyRow) (verdict, error) {
 // takeRunKey handles a key that belongs to a workflow run: Do may take it over only when the run
 // has finished and expired (then the run, its history and its key go, in t), and says so at once
 // otherwise, naming the workflow, whatever the run is doing.
-func takeRunKey(ctx context.Context, t pgx.Tx, st *store.Statements, cfg *config, key Key, lock int64) error {
+func takeRunKey(ctx context.Context, t pgx.Tx, st *store.Statements, cfg *config, key Key, lock int64, workflow string) error {
 	var locked, reusable bool
 	if err := t.QueryRow(ctx, st.Keys.RunKey, key.Scope, key.ID, lock).Scan(&locked, &reusable); err != nil {
 		return lookupError(cfg, err)
 	}
 	if !reusable {
-		var workflow string
-		_ = t.QueryRow(ctx, "SELECT workflow FROM "+st.Tables.Keys+" WHERE scope = $1 AND id = $2", key.Scope, key.ID).Scan(&workflow)
 		return fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not to idem.Do; use a key of its own for each (for example %q)",
 			ErrMismatch, key.ID, key.Scope, workflow, key.ID+":do")
 	}
@@ -349,12 +348,8 @@ func waitFor(ctx context.Context, cfg *config, step func() error) error {
 		if left <= 0 {
 			return err
 		}
-		timer := time.NewTimer(min(pause, left))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return fmt.Errorf("idem: gave up waiting for key in flight: %w", ctx.Err())
-		case <-timer.C:
+		if err := backoff.Sleep(ctx, min(pause, left)); err != nil {
+			return fmt.Errorf("idem: gave up waiting for key in flight: %w", err)
 		}
 		pause = min(pause*2, 100*time.Millisecond)
 		err = step()

@@ -120,15 +120,11 @@ func KeyDelete(ctx context.Context, db Beginner, key Key, opts ...Option) error 
 		if !locked {
 			return &InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: cfg.retryAfter}
 		}
-		rows, err := t.Query(ctx, st.Admin.KeyDelete, key.Scope, key.ID)
+		tag, err := t.Exec(ctx, st.Admin.KeyDelete, key.Scope, key.ID)
 		if err != nil {
 			return lookupError(cfg, err)
 		}
-		n, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		if err != nil {
-			return fmt.Errorf("idem: error deleting key: %w", err)
-		}
-		if len(n) > 0 {
+		if tag.RowsAffected() > 0 {
 			return nil
 		}
 		var workflow *string

@@ -71,7 +71,7 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 	tel := telemetry.For(cfg.tracerProvider, cfg.meterProvider)
 	ctx, span := tel.Tracer.Start(ctx, "idem.Reap", trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
-	r := &reaper{db: db, cfg: cfg, batch: 500, what: "do"}
+	r := &reaper{cfg: cfg, batch: 500, what: "do"}
 	keys, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
 		tag, err := db.Exec(ctx, st.Reap.Keys, limit)
 		return tag.RowsAffected(), err
@@ -98,7 +98,6 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 }
 
 type reaper struct {
-	db    Querier
 	cfg   *config
 	batch int
 	total int64

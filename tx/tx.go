@@ -220,7 +220,7 @@ func runOwned(ctx context.Context, src *conns, cfg *config, a *txctl.Attempt, fn
 	}()
 
 	if err := fn(ctx, t); err != nil {
-		return retryAfterFn(err, src.single, conn), err
+		return retryAfterFn(err, src.single), err
 	}
 	t.Close()
 	// pgx would not send COMMIT with a done context, yet report it as a
@@ -242,11 +242,8 @@ func runOwned(ctx context.Context, src *conns, cfg *config, a *txctl.Attempt, fn
 // failure or deadlock, or a connection lost before anything was committed (BEGIN travels with
 // fn's first statement, so a connection that died while idle in the pool fails there), when
 // another connection can be had.
-func retryAfterFn(err error, single bool, conn *pgx.Conn) bool {
-	if IsRetryable(err) {
-		return true
-	}
-	return !single && beginFailed(err) && IsConnectionLost(err)
+func retryAfterFn(err error, single bool) bool {
+	return IsRetryable(err) || (!single && lostBeforeCommit(err))
 }
 
 // lostBeforeCommit is a connection that failed before COMMIT was sent: nothing landed.
@@ -318,7 +315,7 @@ func runNested(ctx context.Context, parent pgx.Tx, cfg *config, fn func(context.
 	}
 	defer func() { _ = sp.Rollback(ctx) }()
 
-	// A savepoint of a transaction of Run's is already a savepointTx, whose
+	// A savepoint of a transaction of Run's is already a txown.Savepoint, whose
 	// release passes its mark on; one of some other transaction gets an
 	// attempt of its own, which nothing reads.
 	var child pgx.Tx = sp

@@ -16,7 +16,7 @@ type AdminStatements struct {
 	// KeyLock takes the key's in-flight lock without waiting, as Do does. $1 lock id.
 	KeyLock string
 
-	// KeyDelete deletes a key of Do's. $1 scope, $2 id. Returns 1 per key deleted.
+	// KeyDelete deletes a key of Do's. $1 scope, $2 id.
 	KeyDelete string
 
 	// KeyWorkflow reads the workflow a key belongs to, NULL for Do's. $1 scope, $2 id.
@@ -83,7 +83,7 @@ WHERE k.scope = $1 AND k.id = $2`),
 
 		KeyLock: `SELECT pg_try_advisory_xact_lock($1)`,
 
-		KeyDelete: t.render(`DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NULL RETURNING 1`),
+		KeyDelete: t.render(`DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NULL`),
 
 		KeyWorkflow: t.render(`SELECT workflow FROM {keys} WHERE scope = $1 AND id = $2`),
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // KeyStatements are idem.Do's statements on idem_keys.
@@ -95,18 +93,6 @@ func LookupKey(ctx context.Context, q Querier, st *Statements, scope, id string,
 	)
 	err := q.QueryRow(ctx, st.Keys.Lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.Workflow, &live, &row.Locked)
 	if err != nil {
-		return KeyRow{}, err
-	}
-	return finishKeyRow(row, live), nil
-}
-
-// ScanKeyRow reads the result of Lookup from r, as sent in a batch.
-func ScanKeyRow(r pgx.Row) (KeyRow, error) {
-	var (
-		row  KeyRow
-		live *bool
-	)
-	if err := r.Scan(&row.Fingerprint, &row.Result, &row.Workflow, &live, &row.Locked); err != nil {
 		return KeyRow{}, err
 	}
 	return finishKeyRow(row, live), nil
