@@ -74,7 +74,7 @@ func Middleware(db tx.Beginner, cfg *Config) (func(http.Handler) http.Handler, e
 	if err != nil {
 		return nil, err
 	}
-	m := &middleware{db: db, cfg: s}
+	m := &middleware{db: db, cfg: s, tracer: telemetry.For(s.TracerProvider, s.MeterProvider).Tracer}
 	return func(next http.Handler) http.Handler {
 		var static *RouteConfig
 		if rh, ok := next.(*routeHandler); ok {
@@ -87,8 +87,9 @@ func Middleware(db tx.Beginner, cfg *Config) (func(http.Handler) http.Handler, e
 }
 
 type middleware struct {
-	db  tx.Beginner
-	cfg *settings
+	db     tx.Beginner
+	cfg    *settings
+	tracer trace.Tracer // idem's tracer on cfg's providers, the one idem.Do uses too
 }
 
 // guardState travels in the request context of a guarded request.
@@ -183,7 +184,7 @@ var (
 )
 
 func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Handler, rt route, key idem.Key, body []byte) {
-	ctx, span := telemetry.For(m.cfg.TracerProvider, nil).Tracer.Start(r.Context(), "idemhttp.request", trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := m.tracer.Start(r.Context(), "idemhttp.request", trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	r = r.WithContext(ctx)
 	outcome, status := "error", 0
