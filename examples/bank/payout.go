@@ -77,6 +77,16 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 			return rc, err
 		}
 
+		// resolve asks the provider what became of the charge under the charge step's key, and
+		// makes it refuse that key from now on if it did not charge. Its retries are long:
+		// until it answers, the payout's funds stay held.
+		resolve := func(step string) (chargeResult, error) {
+			chargeKey := workflow.StepKey(idem.Key{Scope: in.Scope, ID: in.Key}, time.UnixMicro(h.RunCreated), chargeSeq, "charge")
+			return steps.Call(ctx, step, func(ctx context.Context, _ string) (chargeResult, error) {
+				return a.provider.client.resolve(ctx, chargeKey)
+			}, &steps.Opts{MaxAttempts: 30, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second, Timeout: 10 * time.Second})
+		}
+
 		ch, err := steps.Call(ctx, "charge", func(ctx context.Context, key string) (chargeResult, error) {
 			res, err := a.provider.client.charge(ctx, key, in.Account, in.Amount, in.Confirm, in.Scope+"/"+in.Key)
 			if err == nil {
@@ -90,10 +100,7 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 			// The provider may have charged on an attempt whose answer never came back. Ask it,
 			// and have it refuse the key from now on if not, so that a late attempt cannot charge
 			// money this payout is about to release.
-			chargeKey := workflow.StepKey(idem.Key{Scope: in.Scope, ID: in.Key}, time.UnixMicro(h.RunCreated), chargeSeq, "charge")
-			ch, err = steps.Call(ctx, "resolve", func(ctx context.Context, _ string) (chargeResult, error) {
-				return a.provider.client.resolve(ctx, chargeKey)
-			}, &steps.Opts{MaxAttempts: 30, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second, Timeout: 10 * time.Second})
+			ch, err = resolve("resolve")
 		}
 		if err != nil {
 			// Funds stay held, and the stored failure tells the operator why.
@@ -107,10 +114,7 @@ func (a *app) definePayout() *workflow.Workflow[payoutInput, payoutReceipt] {
 			case errors.Is(err, workflow.ErrAwaitTimeout):
 				// No confirmation: cancel the pending charge, unless the provider confirmed
 				// it meanwhile (then resolve answers the charge, and the payout settles).
-				chargeKey := workflow.StepKey(idem.Key{Scope: in.Scope, ID: in.Key}, time.UnixMicro(h.RunCreated), chargeSeq, "charge")
-				ch, err = steps.Call(ctx, "cancel", func(ctx context.Context, _ string) (chargeResult, error) {
-					return a.provider.client.resolve(ctx, chargeKey)
-				}, &steps.Opts{MaxAttempts: 30, MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second, Timeout: 10 * time.Second})
+				ch, err = resolve("cancel")
 				if err != nil {
 					return rc, err
 				}
