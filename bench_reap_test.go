@@ -30,12 +30,13 @@ func benchSize(name string, def int) int {
 	return def
 }
 
-// transferPool is a database with idem migrated and the accounts and ledger of BenchmarkTransfer.
-func transferPool(b *testing.B, clients int) *pgxpool.Pool {
+// transferPool is a database with idem migrated and the accounts and ledger of BenchmarkTransfer,
+// behind a pool of maxConns connections.
+func transferPool(b *testing.B, maxConns int) *pgxpool.Pool {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(pgtemp.NewDB(b))
 	require.NoError(b, err)
-	cfg.MaxConns = int32(clients + 2)
+	cfg.MaxConns = int32(maxConns)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(b, err)
 	b.Cleanup(pool.Close)
@@ -71,8 +72,8 @@ func seedExpired(b *testing.B, pool *pgxpool.Pool, n int) {
 //	IDEM_BENCH_BACKLOG=5000000 go test -run '^$' -bench ExpiredBacklog -benchtime 3s -timeout 30m .
 func BenchmarkExpiredBacklog(b *testing.B) {
 	const clients = 8
-	empty := transferPool(b, clients)
-	full := transferPool(b, clients)
+	empty := transferPool(b, clients+2)
+	full := transferPool(b, clients+2)
 	seedExpired(b, full, benchSize("IDEM_BENCH_BACKLOG", 200_000))
 	ctx := context.Background()
 	transfer := benchTransfer
@@ -106,7 +107,7 @@ func BenchmarkReap(b *testing.B) {
 	const clients = 8
 	ctx := context.Background()
 	for range b.N {
-		pool := transferPool(b, clients)
+		pool := transferPool(b, clients+2)
 		backlog := benchSize("IDEM_BENCH_BACKLOG", 200_000)
 		seedExpired(b, pool, backlog)
 		transfer := benchTransfer
@@ -179,6 +180,7 @@ func benchTransfer(ctx context.Context, tx pgx.Tx) (benchReceipt, error) {
 	if to >= from {
 		to++
 	}
+	// Lock the two rows in id order, as a real service must to avoid deadlocks.
 	lo, hi, amount := min(from, to), max(from, to), int64(1+rand.IntN(100))
 	if lo != from {
 		amount = -amount

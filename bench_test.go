@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -14,11 +13,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
 	txpkg "github.com/idemkit/idem/tx"
 )
 
@@ -39,43 +36,10 @@ import (
 // Ratios between the variants of one run are what to compare; scripts/bench prints them.
 func BenchmarkTransfer(b *testing.B) {
 	ctx := context.Background()
-	url := pgtemp.NewDB(b)
-	cfg, err := pgxpool.ParseConfig(url)
+	pool := transferPool(b, 8)
+	_, err := pool.Exec(ctx, `CREATE TABLE hand_keys (key text PRIMARY KEY, response jsonb)`)
 	require.NoError(b, err)
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(b, err)
-	b.Cleanup(pool.Close)
-	require.NoError(b, idem.Migrate(ctx, pool))
-	_, err = pool.Exec(ctx, `
-		CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
-		INSERT INTO accounts SELECT i, 1000000 FROM generate_series(1, 1000) i;
-		CREATE TABLE ledger (id bigserial PRIMARY KEY, debit int NOT NULL, credit int NOT NULL,
-			amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());
-		CREATE TABLE hand_keys (key text PRIMARY KEY, response jsonb);`)
-	require.NoError(b, err)
-
-	type receipt struct{ LedgerID int64 }
-	transfer := func(ctx context.Context, tx pgx.Tx) (receipt, error) {
-		from, to := 1+rand.IntN(1000), 1+rand.IntN(999)
-		if to >= from {
-			to++
-		}
-		// Lock the two rows in id order, as a real service must to avoid deadlocks.
-		lo, hi, amount := min(from, to), max(from, to), int64(1+rand.IntN(100))
-		if lo != from {
-			amount = -amount
-		}
-		if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance - $1 WHERE id = $2`, amount, lo); err != nil {
-			return receipt{}, err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2`, amount, hi); err != nil {
-			return receipt{}, err
-		}
-		var r receipt
-		err := tx.QueryRow(ctx, `INSERT INTO ledger (debit, credit, amount) VALUES ($1, $2, $3) RETURNING id`, from, to, amount).Scan(&r.LedgerID)
-		return r, err
-	}
+	transfer := benchTransfer
 	freshKey := func() idem.Key { return idem.Key{Scope: "bench", ID: uuid.Must(uuid.NewV7()).String()} }
 
 	// Keys to replay, completed once up front.
