@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
@@ -195,15 +194,15 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 			steps              int
 			timeout            *int64
 		)
-		err := t.QueryRow(ctx, e.st.Admin.RunForkSource, key.Scope, key.ID).Scan(&workflow, &fingerprint, &input, &trace, &steps, &timeout)
+		err := t.QueryRow(ctx, e.st.Admin.RunForkSource, key.Scope, key.ID).Scan(&workflow, &fingerprint, &input, &trace, &timeout)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return e.noRun(ctx, t, key)
 		}
 		if err != nil {
 			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
 		}
-		// Counted again now that the run is locked: a checkpoint that was committing while the
-		// lock was awaited is not in the first statement's snapshot.
+		// Counted once the run is locked, in a statement of its own: a checkpoint that was
+		// committing while the lock was awaited is not in the locking statement's snapshot.
 		if err := t.QueryRow(ctx, e.st.Admin.RunStepCount, key.Scope, key.ID).Scan(&steps); err != nil {
 			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
 		}
@@ -228,17 +227,6 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 			"new_scope", newKey.Scope, "new_id", newKey.ID, "from_step", fromStep)
 		return nil
 	})
-}
-
-// insertResume inserts the job that runs an ownerless run now, unique for the run's generation
-// (its lease expiry), as StartTx does.
-func (e *Engine) insertResume(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, key idem.Key, generation int64) error {
-	_, err := client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation},
-		&river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}})
-	if err != nil {
-		return fmt.Errorf("workflow: error inserting the job that resumes the run: %w", err)
-	}
-	return nil
 }
 
 // cancelledOutcome turns an error that stopped a run into the run's cancellation, when that is

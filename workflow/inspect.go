@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/tx"
 )
 
 // RunState is the state of a run, as stored. A run is running until it finishes as done,
@@ -154,11 +155,9 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 		return nil, err
 	}
 	var run *RunRow
-	err := pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
-		// One snapshot for the run and its steps, so that they agree.
-		if _, err := t.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
-			return fmt.Errorf("workflow: error reading run: %w", err)
-		}
+	// One snapshot for the run and its steps, so that they agree; tx.Run sends BEGIN, with the
+	// isolation level in it, together with the first query.
+	err := tx.Run(ctx, e.db, func(ctx context.Context, t pgx.Tx) error {
 		var err error
 		run, err = scanRun(t.QueryRow(ctx, e.st.Admin.RunGet, key.Scope, key.ID))
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -188,7 +187,7 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 			return fmt.Errorf("workflow: error reading run's steps: %w", err)
 		}
 		return nil
-	})
+	}, tx.Isolation(pgx.RepeatableRead), tx.ReadOnly())
 	if err != nil {
 		return nil, err
 	}

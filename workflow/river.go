@@ -33,6 +33,21 @@ type ResumeArgs struct {
 // Kind implements river.JobArgs.
 func (ResumeArgs) Kind() string { return "idem_workflow_resume" }
 
+// resumeOpts make a resume job unique by its arguments: one per run and lease generation.
+func (e *Engine) resumeOpts() *river.InsertOpts {
+	return &river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}}
+}
+
+// insertResume inserts, in t, the job that runs an ownerless run now (StartTx, RunResume,
+// RunFork); generation is the run's lease expiry, which makes the job unique.
+func (e *Engine) insertResume(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, key idem.Key, generation int64) error {
+	_, err := client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation}, e.resumeOpts())
+	if err != nil {
+		return fmt.Errorf("workflow: error inserting the job that runs the run: %w", err)
+	}
+	return nil
+}
+
 // ScanArgs is the periodic River job that looks for runs whose lease expired. It is inserted by
 // the periodic job from [Engine.PeriodicJobs]; insert one yourself to scan at once:
 //
@@ -119,7 +134,7 @@ func (e *Engine) scan(ctx context.Context) (err error) {
 		params, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (river.InsertManyParams, error) {
 			var a ResumeArgs
 			err := r.Scan(&a.Scope, &a.ID, &a.Attempt, &a.LeaseExpiry)
-			return river.InsertManyParams{Args: a, InsertOpts: &river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}}}, err
+			return river.InsertManyParams{Args: a, InsertOpts: e.resumeOpts()}, err
 		})
 		if err != nil {
 			return fmt.Errorf("workflow: error scanning for runs to resume: %w", err)

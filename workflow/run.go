@@ -436,10 +436,6 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ([
 		state, result = store.RunFailed, encodeFailure(ferr.Error())
 	}
 	if err := rs.finish(ctx, state, result); err != nil {
-		if errors.Is(err, errRestart) || errors.Is(err, errKeyTaken) {
-			rs.rollbackHeld(ctx)
-			return nil, err
-		}
 		rs.rollbackHeld(ctx)
 		return nil, err
 	}

@@ -257,20 +257,29 @@ func TestSignalExactlyOnce(t *testing.T) {
 	var created int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM idem_runs`).Scan(&created))
 	var wg sync.WaitGroup
+	errs := make(chan error, n*2)
 	for g := range 8 {
 		wg.Add(1)
 		go func() {
+			// No require off the test goroutine: errors go to errs, checked below.
 			defer wg.Done()
 			e := []*workflow.Engine{e1, e2}[g%2]
 			for i := g; i < n; i += 8 {
-				b.signal(t, e, waitKey("x1"), fmt.Sprint(i), nil)
+				errs <- tx.Run(b.ctx, b.pool, func(ctx context.Context, t pgx.Tx) error {
+					_, err := e.SignalTx(ctx, t, waitKey("x1"), "tick", fmt.Sprint(i), nil)
+					return err
+				})
 				// A wake job for whatever step the run waits at, unique to nobody.
 				_, err := c1.Insert(b.ctx, workflow.WakeArgs{Scope: "merchant:7", ID: "x1", Generation: created, Reason: "test"}, nil)
-				require.NoError(t, err)
+				errs <- err
 			}
 		}()
 	}
 	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 	out, err := runUntilDone(t, b, wf, e1, waitKey("x1"), req)
 	require.NoError(t, err)
 	require.Len(t, out, n)

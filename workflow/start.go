@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
 )
@@ -79,10 +78,5 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	if err != nil {
 		return fmt.Errorf("workflow: error starting run: %w", err)
 	}
-	_, err = client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation},
-		&river.InsertOpts{Queue: e.cfg.Queue, UniqueOpts: river.UniqueOpts{ByArgs: true}})
-	if err != nil {
-		return fmt.Errorf("workflow: error inserting the job that runs the workflow: %w", err)
-	}
-	return nil
+	return e.insertResume(ctx, client, t, key, generation)
 }

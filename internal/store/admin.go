@@ -51,8 +51,8 @@ type AdminStatements struct {
 	RunReopen string
 
 	// RunForkSource reads what a fork copies, locking the run against a concurrent change of its
-	// history. $1 scope, $2 id. Returns workflow, fingerprint, input, trace context, step count,
-	// and the run's timeout in µs (its deadline less its creation; NULL for none).
+	// history. $1 scope, $2 id. Returns workflow, fingerprint, input, trace context and the
+	// run's timeout in µs (its deadline less its creation; NULL for none).
 	RunForkSource string
 
 	// RunForkSteps copies the steps before a position to another run.
@@ -124,7 +124,6 @@ WHERE scope = $1 AND id = $2
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		RunForkSource: t.render(`SELECT workflow, fingerprint, input, trace_context,
-	(SELECT count(*) FROM {steps} s WHERE s.scope = $1 AND s.id = $2)::int4,
 	(extract(epoch FROM deadline - created_at) * 1000000)::int8
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
