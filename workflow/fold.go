@@ -259,14 +259,8 @@ func (e *Engine) reload(ctx context.Context, rs *runState) (out []byte, finished
 		}
 		rs.history = nil // the start did not land: run it again
 		rs.startLost = true
-	case store.RunState(*row.state) == store.RunDone:
-		return row.output, true, nil
-	case store.RunState(*row.state) == store.RunFailed:
-		return nil, true, failedFromStored(rs.def.Name(), key, row.output)
-	case store.RunState(*row.state) == store.RunCancelled:
-		return nil, true, cancelledFromStored(rs.def.Name(), key, row.output)
-	case store.RunState(*row.state) == store.RunTimedOut:
-		return nil, true, timedOutFromStored(rs.def.Name(), key, row.output)
+	case store.RunState(*row.state).Finished():
+		return storedOutcome(rs.def.Name(), key, store.RunState(*row.state), row.output)
 	case row.token == nil || *row.token != rs.token:
 		return nil, false, fmt.Errorf("workflow: run of key %q in scope %q has another owner: %w", rs.id, rs.scope, ErrLeaseLost)
 	default:

@@ -60,19 +60,16 @@ func (w *Workflow[In, Out]) Get(ctx context.Context, e *Engine, key idem.Key) (O
 	if state.Finished() && !row.runLive {
 		return zero, fmt.Errorf("%w: the run under key %q in scope %q has expired", idem.ErrNotFound, key.ID, key.Scope)
 	}
-	switch state {
-	case store.RunDone:
+	if state.Finished() {
+		data, _, err := storedOutcome(w.name, key, state, row.output)
+		if err != nil {
+			return zero, err
+		}
 		var out Out
-		if err := json.Unmarshal(row.output, &out); err != nil {
+		if err := json.Unmarshal(data, &out); err != nil {
 			return zero, fmt.Errorf("workflow: stored output of key %q in scope %q cannot be decoded into %T (did the output type change?): %w", key.ID, key.Scope, out, err)
 		}
 		return out, nil
-	case store.RunFailed:
-		return zero, failedFromStored(w.name, key, row.output)
-	case store.RunCancelled:
-		return zero, cancelledFromStored(w.name, key, row.output)
-	case store.RunTimedOut:
-		return zero, timedOutFromStored(w.name, key, row.output)
 	}
 	retry := e.cfg.ScanInterval
 	if row.leaseLive {

@@ -277,15 +277,11 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		if err := row.claimed(name, key, fingerprint); err != nil {
 			return nil, false, err
 		}
-		switch store.RunState(*row.state) {
-		case store.RunDone:
-			return row.output, true, nil
-		case store.RunFailed:
-			return nil, true, failedFromStored(name, key, row.output)
-		case store.RunCancelled:
-			return nil, true, cancelledFromStored(name, key, row.output)
-		case store.RunTimedOut:
-			return nil, true, timedOutFromStored(name, key, row.output)
+		state := store.RunState(*row.state)
+		if state.Finished() {
+			return storedOutcome(name, key, state, row.output)
+		}
+		switch state {
 		case store.RunSleeping, store.RunAwaiting:
 			// Waiting for a River job to wake it; whoever runs that job finishes the run.
 			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
@@ -324,19 +320,15 @@ func nullable(s string) any {
 // its history. It returns a nil runState when another process was faster.
 // by says who takes it: "job" (a resume job) or "call" (a call of Workflow.Run).
 func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *pgtype.UUID, by string) (*runState, []byte, error) {
-	rs := &runState{e: e, def: def, scope: scope, id: id, token: newToken(), next: 1}
-	var input []byte
-	var trace string
-	var now int64
-	var deadline *int64
-	err := e.db.QueryRow(ctx, e.st.Runs.Takeover, scope, id, rs.token, old, e.cfg.Lease.Microseconds(), e.owner).Scan(&rs.attempt, &input, &rs.created, &trace, &now, &deadline)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil, nil
-	}
+	rs, input, _, err := e.claim(ctx, def, scope, id, e.st.Runs.Takeover, func(token pgtype.UUID) []any {
+		return []any{scope, id, token, old, e.cfg.Lease.Microseconds(), e.owner}
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("workflow: error taking over run: %w", err)
 	}
-	rs.setClock(now, deadline)
+	if rs == nil {
+		return nil, nil, nil
+	}
 	// The history is read after the lease is ours: no other process can add a step now, so the
 	// history cannot grow behind our back.
 	if rs.history, err = e.history(ctx, scope, id); err != nil {
@@ -344,6 +336,28 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 	}
 	e.countResume(ctx, def.Name(), by)
 	return rs, input, nil
+}
+
+// claim takes a run's lease with stmt (Runs.Takeover or Waits.Wake, which return the same
+// columns), given the new token by args. It returns a nil runState when the statement found
+// nothing to take (another process was faster), and the run's input and trace context.
+func (e *Engine) claim(ctx context.Context, def Definition, scope, id, stmt string, args func(token pgtype.UUID) []any) (*runState, []byte, string, error) {
+	rs := &runState{e: e, def: def, scope: scope, id: id, token: newToken(), next: 1}
+	var (
+		input    []byte
+		trace    string
+		now      int64
+		deadline *int64
+	)
+	err := e.db.QueryRow(ctx, stmt, args(rs.token)...).Scan(&rs.attempt, &input, &rs.created, &trace, &now, &deadline)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, "", nil
+	}
+	if err != nil {
+		return nil, nil, "", err
+	}
+	rs.setClock(now, deadline)
+	return rs, input, trace, nil
 }
 
 // history reads a run's completed steps.

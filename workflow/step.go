@@ -426,6 +426,23 @@ func cancelledFromStored(name string, key idem.Key, result []byte) error {
 	return &CancelledError{Workflow: name, Scope: key.Scope, ID: key.ID, Reason: f.Error}
 }
 
+// storedOutcome is what a finished run answers from its stored outcome: its output when done,
+// the error of its state otherwise. finished is false, and nothing else set, for a state that
+// is not final.
+func storedOutcome(name string, key idem.Key, state store.RunState, output []byte) (out []byte, finished bool, err error) {
+	switch state {
+	case store.RunDone:
+		return output, true, nil
+	case store.RunFailed:
+		return nil, true, failedFromStored(name, key, output)
+	case store.RunCancelled:
+		return nil, true, cancelledFromStored(name, key, output)
+	case store.RunTimedOut:
+		return nil, true, timedOutFromStored(name, key, output)
+	}
+	return nil, false, nil
+}
+
 func failedFromStored(name string, key idem.Key, result []byte) error {
 	var f storedFailure
 	if err := json.Unmarshal(result, &f); err != nil {

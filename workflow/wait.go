@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/attribute"
@@ -237,20 +238,15 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 			"workflow", name, "scope", a.Scope, "id", a.ID)
 		return river.JobSnooze(e.cfg.ScanInterval)
 	}
-	rs := &runState{e: e, def: def, scope: a.Scope, id: a.ID, token: newToken(), next: 1}
-	var input []byte
-	var trace string
-	var now int64
-	var deadline *int64
-	err = e.db.QueryRow(ctx, e.st.Waits.Wake, a.Scope, a.ID, a.Generation, a.Seq, rs.token, e.owner, e.cfg.Lease.Microseconds()).
-		Scan(&rs.attempt, &input, &rs.created, &trace, &now, &deadline)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // another job woke it first
-	}
+	rs, input, trace, err := e.claim(ctx, def, a.Scope, a.ID, e.st.Waits.Wake, func(token pgtype.UUID) []any {
+		return []any{a.Scope, a.ID, a.Generation, a.Seq, token, e.owner, e.cfg.Lease.Microseconds()}
+	})
 	if err != nil {
 		return fmt.Errorf("workflow: error waking run: %w", err)
 	}
-	rs.setClock(now, deadline)
+	if rs == nil {
+		return nil // another job woke it first
+	}
 	// A wake-up is a resume: its span joins the trace that started the run.
 	ctx, span := e.startResumeSpan(ctx, trace, telemetry.Workflow.String(name), telemetry.Scope.String(a.Scope),
 		telemetry.Attempts.Int(rs.attempt), attribute.String("idem.wake", a.Reason))
