@@ -341,17 +341,15 @@ func waitFor(ctx context.Context, cfg *config, step func() error) error {
 	if cfg.wait <= 0 || !errors.Is(err, ErrInFlight) {
 		return err
 	}
-	deadline := time.Now().Add(cfg.wait)
-	pause := 5 * time.Millisecond
+	poll := backoff.NewPoll(cfg.wait, 5*time.Millisecond, 100*time.Millisecond)
 	for errors.Is(err, ErrInFlight) {
-		left := time.Until(deadline)
-		if left <= 0 {
+		again, serr := poll.Next(ctx)
+		if serr != nil {
+			return fmt.Errorf("idem: gave up waiting for key in flight: %w", serr)
+		}
+		if !again {
 			return err
 		}
-		if err := backoff.Sleep(ctx, min(pause, left)); err != nil {
-			return fmt.Errorf("idem: gave up waiting for key in flight: %w", err)
-		}
-		pause = min(pause*2, 100*time.Millisecond)
 		err = step()
 	}
 	return err

@@ -52,8 +52,7 @@ func (e *Engine) EventGet(ctx context.Context, key idem.Key, name string, wait t
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(wait)
-	pause := 10 * time.Millisecond
+	poll := backoff.NewPoll(wait, 10*time.Millisecond, 250*time.Millisecond)
 	for {
 		var state string
 		var set bool
@@ -68,17 +67,15 @@ func (e *Engine) EventGet(ctx context.Context, key idem.Key, name string, wait t
 		case found && store.RunState(state).Finished():
 			return nil, fmt.Errorf("%w: run of key %q in scope %q is %s without event %q", ErrEventNotSet, key.ID, key.Scope, state, name)
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			if !found {
-				return nil, fmt.Errorf("%w: key %q in scope %q", ErrRunNotFound, key.ID, key.Scope)
-			}
+		again, err := poll.Next(ctx)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("workflow: gave up waiting for event: %w", err)
+		case !again && !found:
+			return nil, fmt.Errorf("%w: key %q in scope %q", ErrRunNotFound, key.ID, key.Scope)
+		case !again:
 			return nil, fmt.Errorf("%w: run of key %q in scope %q has no event %q", ErrEventNotSet, key.ID, key.Scope, name)
 		}
-		if err := backoff.Sleep(ctx, min(pause, left)); err != nil {
-			return nil, fmt.Errorf("workflow: gave up waiting for event: %w", err)
-		}
-		pause = min(pause*2, 250*time.Millisecond)
 	}
 }
 

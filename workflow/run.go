@@ -173,21 +173,19 @@ func (e *Engine) heldByDo(ctx context.Context, name string, key idem.Key) error 
 // runOrJoin is Workflow.Run without the types: start, replay, take over or report in flight,
 // and with wait > 0, poll an in-flight run until it finishes or wait runs out.
 func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, wait, timeout time.Duration) ([]byte, bool, error) {
-	deadline := time.Now().Add(wait)
-	pause := 10 * time.Millisecond
+	poll := backoff.NewPoll(wait, 10*time.Millisecond, 250*time.Millisecond)
 	for {
 		out, replayed, err := e.tryRun(ctx, def, key, fingerprint, input, timeout)
 		if wait <= 0 || !errors.Is(err, idem.ErrInFlight) {
 			return out, replayed, err
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return out, replayed, err
-		}
-		if serr := backoff.Sleep(ctx, min(pause, left)); serr != nil {
+		again, serr := poll.Next(ctx)
+		if serr != nil {
 			return nil, false, fmt.Errorf("workflow: gave up waiting for run in flight: %w", serr)
 		}
-		pause = min(pause*2, 250*time.Millisecond)
+		if !again {
+			return out, replayed, err
+		}
 	}
 }
 

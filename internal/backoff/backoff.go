@@ -58,3 +58,39 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// Poll paces a loop that asks again until a bound runs out: pauses from a first one, doubling up
+// to a cap, never past the bound.
+//
+//	poll := backoff.NewPoll(wait, 10*time.Millisecond, 250*time.Millisecond)
+//	for {
+//		if done := try(); done {
+//			return
+//		}
+//		if again, err := poll.Next(ctx); err != nil || !again {
+//			return // ctx ended, or the bound ran out
+//		}
+//	}
+type Poll struct {
+	deadline   time.Time
+	pause, max time.Duration
+}
+
+// NewPoll starts a bound of wait from now.
+func NewPoll(wait, first, max time.Duration) *Poll {
+	return &Poll{deadline: time.Now().Add(wait), pause: first, max: max}
+}
+
+// Next waits before the next try. It returns false when the bound has run out (the caller
+// answers with its last result), and ctx's error when ctx ends first.
+func (p *Poll) Next(ctx context.Context) (bool, error) {
+	left := time.Until(p.deadline)
+	if left <= 0 {
+		return false, nil
+	}
+	if err := Sleep(ctx, min(p.pause, left)); err != nil {
+		return false, err
+	}
+	p.pause = min(p.pause*2, p.max)
+	return true, nil
+}

@@ -2,6 +2,7 @@ package backoff
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -32,4 +33,36 @@ func TestSleep(t *testing.T) {
 	require.ErrorIs(t, Sleep(ctx, time.Hour), context.Canceled)
 	require.NoError(t, Sleep(context.Background(), time.Millisecond))
 	require.NoError(t, Sleep(context.Background(), 0))
+}
+
+func TestPoll(t *testing.T) {
+	// The bound runs out: Next says so instead of sleeping past it.
+	p := NewPoll(20*time.Millisecond, time.Millisecond, 4*time.Millisecond)
+	tries := 0
+	for {
+		tries++
+		again, err := p.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !again {
+			break
+		}
+		if p.pause > 4*time.Millisecond {
+			t.Fatalf("pause %s grew past its cap", p.pause)
+		}
+	}
+	if tries < 3 {
+		t.Fatalf("a 20ms bound with pauses of 1-4ms allowed only %d tries", tries)
+	}
+	if time.Now().Before(p.deadline) {
+		t.Fatal("Next reported the bound run out before its deadline")
+	}
+
+	// A context that ends stops the wait with its error.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := NewPoll(time.Hour, time.Hour, time.Hour).Next(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("want context.Canceled, got %v", err)
+	}
 }
