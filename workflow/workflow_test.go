@@ -326,11 +326,11 @@ func TestRun(t *testing.T) {
 	t.Run("HeartbeatKeepsALongStepsLease", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		inStep := make(chan struct{})
+		inStep, release := make(chan struct{}), make(chan struct{})
 		wf := workflow.Define("slow", func(ctx context.Context, in int) (string, error) {
 			return steps.Call(ctx, "slow", func(ctx context.Context, key string) (string, error) {
 				close(inStep)
-				time.Sleep(2500 * time.Millisecond) // two and a half leases
+				<-release // a step longer than its lease
 				return "done", nil
 			}, nil)
 		})
@@ -341,9 +341,18 @@ func TestRun(t *testing.T) {
 			done <- err
 		}()
 		<-inStep
-		time.Sleep(1500 * time.Millisecond) // past the first lease's end
+		// Wait, by the database's clock, until the lease the run started with has run out:
+		// only the heartbeat's renewals keep the run owned now.
+		var first time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT lease_expires_at FROM idem_runs`).Scan(&first))
+		eventually(t, 10*time.Second, "the first lease to run out", func() bool {
+			var past bool
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT now() > $1`, first).Scan(&past))
+			return past
+		})
 		_, err := wf.Run(b.ctx, e, key("k1"), 1, nil)
 		require.ErrorIs(t, err, idem.ErrInFlight, "a renewed lease must keep others out")
+		close(release)
 		require.NoError(t, <-done)
 		state, attempts := b.state(t, key("k1"))
 		require.Equal(t, "done", state)
