@@ -1,7 +1,6 @@
 package idemgrpc_test
 
 import (
-	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -11,11 +10,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/idemgrpc/internal/testpb"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/faultproxy"
-	"github.com/idemkit/idem/internal/pgtemp"
 )
 
 // TestStoreFaults puts a Postgres-aware proxy between the interceptor and the database.
@@ -25,23 +23,13 @@ func TestStoreFaults(t *testing.T) {
 	// faultySetup returns a bundle whose pool checks results directly, and a client of a server
 	// whose interceptor's pool goes through the proxy.
 	faultySetup := func(t *testing.T) (*testBundle, *faultproxy.Proxy, testpb.LedgerClient) {
-		dbURL := pgtemp.NewDB(t)
-		u, err := url.Parse(dbURL)
-		require.NoError(t, err)
-		proxy, err := faultproxy.New(u.Host)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = proxy.Close() })
-
+		dbURL := idemtest.NewDB(t, nil)
+		proxied, proxy := faultproxy.NewPool(t, dbURL)
 		direct, err := pgxpool.New(t.Context(), dbURL)
 		require.NoError(t, err)
 		t.Cleanup(direct.Close)
-		require.NoError(t, idem.Migrate(t.Context(), direct))
 		_, err = direct.Exec(t.Context(), `CREATE TABLE effects (id bigserial PRIMARY KEY, note text NOT NULL)`)
 		require.NoError(t, err)
-
-		proxied, err := pgxpool.New(t.Context(), proxy.URL(dbURL))
-		require.NoError(t, err)
-		t.Cleanup(proxied.Close)
 		b := &testBundle{ctx: t.Context(), pool: direct}
 		intercept, err := idemgrpc.UnaryServerInterceptor(proxied, config())
 		require.NoError(t, err)

@@ -21,10 +21,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivermigrate"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/pgtemp"
 	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/workflow"
@@ -45,10 +45,14 @@ type testBundle struct {
 	pool *pgxpool.Pool
 }
 
-// setup gives each test its own database, and the binary built once for the whole test.
+// setup gives each test its own empty database, and the binary built once for the whole test.
 func setup(t *testing.T, bin string) *testBundle {
 	t.Helper()
-	url := pgtemp.NewDB(t)
+	return bundle(t, bin, pgtemp.NewDB(t))
+}
+
+func bundle(t *testing.T, bin, url string) *testBundle {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), url)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -198,12 +202,8 @@ func TestCLI(t *testing.T) {
 	// registered, reads the runs and steers them, and the application's workers do the work.
 	t.Run("Runs", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, bin)
-		b.ok(t, "migrate")
-		migrator, err := rivermigrate.New(riverpgxv5.New(b.pool), &rivermigrate.Config{Logger: quiet()})
-		require.NoError(t, err)
-		_, err = migrator.Migrate(b.ctx, rivermigrate.DirectionUp, nil)
-		require.NoError(t, err)
+		b := bundle(t, bin, idemtest.NewDB(t, &idemtest.Opts{River: true}))
+		require.Contains(t, b.ok(t, "migrate"), "nothing to do")
 
 		var broken atomic.Bool
 		broken.Store(true)
