@@ -24,9 +24,9 @@ func (t *table) row(cells ...string) {
 func (t *table) flush() { t.tw.Flush() }
 
 // oneLine keeps a cell on its line: tabs and newlines would break the columns.
-func oneLine(s string) string {
-	return strings.NewReplacer("\t", " ", "\r\n", " ", "\n", " ").Replace(s)
-}
+func oneLine(s string) string { return lineBreaks.Replace(s) }
+
+var lineBreaks = strings.NewReplacer("\t", " ", "\r\n", " ", "\n", " ")
 
 // clip shortens s to n characters for a table cell; --json prints everything.
 func clip(s string, n int) string {

@@ -1,12 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,12 +23,12 @@ import (
 // on the database alone. withRiver gives it an insert-only River client (no workers, no
 // queues: it never works a job) for the resume jobs of resume and fork.
 func (c *call) engine(pool *pgxpool.Pool, withRiver bool) (*workflow.Engine, error) {
-	e, err := workflow.NewEngine(pool, &workflow.Config{Schema: c.schema, Queue: c.queue, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e, err := workflow.NewEngine(pool, &workflow.Config{Schema: c.schema, Queue: c.queue, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
 	if withRiver {
-		client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: c.riverSchema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: c.riverSchema, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return nil, fmt.Errorf("error making a River client: %w", err)
 		}
@@ -77,7 +78,7 @@ var runsListCmd = &command{
 	run: func(ctx context.Context, c *call) error {
 		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows)}
 		for _, s := range splitList(c.list.states) {
-			if !knownState(workflow.RunState(s)) {
+			if !slices.Contains(states, workflow.RunState(s)) {
 				return usagef("--state %q is not a state of a run; the states are %s", s, strings.Join(stateNames(), ", "))
 			}
 			p.States = append(p.States, workflow.RunState(s))
@@ -106,7 +107,7 @@ var runsListCmd = &command{
 			t := newTable(c.stdout)
 			t.row("CREATED", "SCOPE", "ID", "WORKFLOW", "STATE", "ATTEMPTS", "ERROR")
 			for _, r := range res.Runs {
-				t.row(stamp(r.Created), r.Scope, r.ID, r.Workflow, string(r.State), strconv.Itoa(r.Attempts), orDash(clip(firstOf(r.Error, r.LastError), 80)))
+				t.row(stamp(r.Created), r.Scope, r.ID, r.Workflow, string(r.State), strconv.Itoa(r.Attempts), orDash(clip(cmp.Or(r.Error, r.LastError), 80)))
 			}
 			t.flush()
 			if res.Next != "" {
@@ -292,27 +293,9 @@ func parseTime(name, s string) (time.Time, error) {
 	return time.Time{}, usagef("--%s %q is neither an RFC 3339 time (2006-01-02T15:04:05Z) nor a duration (24h)", name, s)
 }
 
-func firstOf(s ...string) string {
-	for _, v := range s {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
 // states are the states a run can be in.
 var states = []workflow.RunState{workflow.RunStateRunning, workflow.RunStateSleeping, workflow.RunStateAwaiting,
 	workflow.RunStateDone, workflow.RunStateFailed, workflow.RunStateCancelled, workflow.RunStateTimedOut}
-
-func knownState(s workflow.RunState) bool {
-	for _, k := range states {
-		if s == k {
-			return true
-		}
-	}
-	return false
-}
 
 func stateNames() []string {
 	names := make([]string, len(states))
