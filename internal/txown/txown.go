@@ -216,11 +216,7 @@ func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	sp, err := real.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &Savepoint{Tx: sp, Attempt: t.attempt.Child()}, nil
+	return savepoint(ctx, real, t.attempt)
 }
 
 // Commit is refused: Run commits when fn returns.
@@ -421,13 +417,7 @@ type Savepoint struct {
 func (t *Savepoint) TxAttempt() (*txctl.Attempt, bool) { return t.Attempt, false }
 
 // Begin starts a savepoint inside this one.
-func (t *Savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
-	sp, err := t.Tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &Savepoint{Tx: sp, Attempt: t.Attempt.Child()}, nil
-}
+func (t *Savepoint) Begin(ctx context.Context) (pgx.Tx, error) { return savepoint(ctx, t.Tx, t.Attempt) }
 
 // Commit releases the savepoint.
 func (t *Savepoint) Commit(ctx context.Context) error {
@@ -449,12 +439,16 @@ type Plain struct {
 func (t *Plain) TxAttempt() (*txctl.Attempt, bool) { return t.Attempt, false }
 
 // Begin starts a savepoint.
-func (t *Plain) Begin(ctx context.Context) (pgx.Tx, error) {
-	sp, err := t.Tx.Begin(ctx)
+func (t *Plain) Begin(ctx context.Context) (pgx.Tx, error) { return savepoint(ctx, t.Tx, t.Attempt) }
+
+// savepoint opens a savepoint in t, which carries a child of a: what fn does in it may be
+// rolled back without the attempt's own queued writes and marks.
+func savepoint(ctx context.Context, t pgx.Tx, a *txctl.Attempt) (pgx.Tx, error) {
+	sp, err := t.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &Savepoint{Tx: sp, Attempt: t.Attempt.Child()}, nil
+	return &Savepoint{Tx: sp, Attempt: a.Child()}, nil
 }
 
 // Unsent is a failure before anything of an attempt could commit: its BEGIN failed, or its
