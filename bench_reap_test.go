@@ -103,6 +103,7 @@ func BenchmarkExpiredBacklog(b *testing.B) {
 // rows/s and the transfers' p50 and p99 in both phases.
 //
 //	IDEM_BENCH_BACKLOG=1000000 go test -run '^$' -bench '^BenchmarkReap$' -benchtime 1x -timeout 30m .
+//
 // quietWindow is how long BenchmarkReap measures the clients before the reaper starts.
 const quietWindow = 10 * time.Second
 

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem/internal/backoff"
 )
 
 // DefaultTTL is how long a completed key is remembered when no [TTL] option is given.
@@ -29,7 +31,7 @@ type config struct {
 	isoLevel   pgx.TxIsoLevel
 	maxTries   int
 	optimistic bool
-	backoff    []time.Duration // min, max for Run's retries; nil: tx.Run's default
+	backoff    *backoff.Jitter // Run's retries; nil: tx.Run's default
 
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -237,7 +239,7 @@ func Backoff(min, max time.Duration) Option {
 			c.setErr("Backoff needs 0 <= min <= max (got %s, %s)", min, max)
 			return
 		}
-		c.backoff = []time.Duration{min, max}
+		c.backoff = &backoff.Jitter{Min: min, Max: max}
 	}
 }
 

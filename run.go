@@ -60,7 +60,7 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 		txOpts = append(txOpts, tx.Isolation(cfg.isoLevel))
 	}
 	if cfg.backoff != nil {
-		txOpts = append(txOpts, tx.Backoff(cfg.backoff[0], cfg.backoff[1]))
+		txOpts = append(txOpts, tx.Backoff(cfg.backoff.Min, cfg.backoff.Max))
 	}
 	ctx, span := telemetry.For(cfg.tracerProvider, cfg.meterProvider).Tracer.Start(ctx, "idem.Run", trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()

@@ -417,7 +417,9 @@ type Savepoint struct {
 func (t *Savepoint) TxAttempt() (*txctl.Attempt, bool) { return t.Attempt, false }
 
 // Begin starts a savepoint inside this one.
-func (t *Savepoint) Begin(ctx context.Context) (pgx.Tx, error) { return savepoint(ctx, t.Tx, t.Attempt) }
+func (t *Savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	return savepoint(ctx, t.Tx, t.Attempt)
+}
 
 // Commit releases the savepoint.
 func (t *Savepoint) Commit(ctx context.Context) error {
