@@ -336,8 +336,8 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 	return rs, input, nil
 }
 
-// claim takes a run's lease with stmt (Runs.Takeover or Waits.Wake, which return the same
-// columns), given the new token by args. It returns a nil runState when the statement found
+// claim takes a run's lease with stmt (Runs.Takeover or Waits.Wake, which both return
+// store.ClaimReturning), given the new token by args. It returns a nil runState when the statement found
 // nothing to take (another process was faster), and the run's input and trace context.
 func (e *Engine) claim(ctx context.Context, def Definition, scope, id, stmt string, args func(token pgtype.UUID) []any) (*runState, []byte, string, error) {
 	rs := &runState{e: e, def: def, scope: scope, id: id, token: newToken(), next: 1}

@@ -124,6 +124,16 @@ type RunStatements struct {
 	ReconcileResume string
 }
 
+// finish stores a run's outcome, if the writer holds the lease (Finish, and inside FinishFenced).
+const finish = `UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
+	lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
+WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`
+
+// ClaimReturning is what the statements that take a run's lease (Runs.Takeover, Waits.Wake)
+// return, in this order: attempts, input, created_at µs, trace context, now µs, deadline µs.
+const ClaimReturning = `RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
+	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8`
+
 func runStatements(t Tables) RunStatements {
 	const newRun = `INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
 	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline)`
@@ -182,8 +192,7 @@ RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM 
 	attempts = attempts + 1, updated_at = now()
 WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now()
 	AND lease_token IS NOT DISTINCT FROM $4
-RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
-	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8`),
+` + ClaimReturning),
 
 		History: t.render(`SELECT seq, name, kind, output, error, attempts FROM {steps} WHERE scope = $1 AND id = $2 ORDER BY seq`),
 
@@ -202,14 +211,9 @@ SELECT $1, $2, $4, $5, $6, $7, $8, $9 WHERE $3::uuid IS NOT NULL`),
 		Renew: t.render(`UPDATE {runs} SET lease_expires_at = now() + $4::int8 @us
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
-		Finish: t.render(`UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
-	lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
-WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
+		Finish: t.render(finish),
 
-		FinishFenced: t.render(`WITH finished AS (
-	UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
-		lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
-	WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'
+		FinishFenced: t.render(`WITH finished AS (` + finish + `
 	RETURNING 1
 )
 SELECT 1 / count(*)::int FROM finished`),

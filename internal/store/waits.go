@@ -79,8 +79,7 @@ FROM {runs} WHERE scope = $1 AND id = $2`),
 	lease_expires_at = now() + $7::int8 @us, attempts = attempts + 1, updated_at = now()
 WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND ($4::int4 = 0 OR wait_seq = $4)
-RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
-	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8`),
+` + ClaimReturning),
 
 		TimeOut: t.render(`UPDATE {runs} SET state = 'timed_out', output = $4, lease_token = NULL, lease_owner = NULL,
 	lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $5::int8 @us
