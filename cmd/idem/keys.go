@@ -57,6 +57,9 @@ var migrateCmd = &command{
 		fs.IntVar(&c.to, "to", -1, "version to move to, up or down (default: the latest)")
 	},
 	run: func(ctx context.Context, c *call) error {
+		if latest := len(idem.Migrations()); c.to < -1 || c.to > latest {
+			return usagef("--to must be a version from 0 to %d, the latest (got %d)", latest, c.to)
+		}
 		pool, err := c.connect(ctx)
 		if err != nil {
 			return err
@@ -64,9 +67,6 @@ var migrateCmd = &command{
 		from, err := idem.SchemaVersion(ctx, pool, c.opts()...)
 		if err != nil {
 			return err
-		}
-		if latest := len(idem.Migrations()); c.to < -1 || c.to > latest {
-			return usagef("--to must be a version from 0 to %d, the latest (got %d)", latest, c.to)
 		}
 		if c.to >= 0 {
 			err = idem.MigrateTo(ctx, pool, c.to, c.opts()...)
