@@ -66,7 +66,7 @@ func KeyGet(ctx context.Context, db Querier, key Key, opts ...Option) (*KeyInfo,
 		live            bool
 		workflow, state *string
 	)
-	err = db.QueryRow(ctx, st.Admin.KeyGet, key.Scope, key.ID).Scan(&info.Fingerprint, &size, &workflow, &info.Created,
+	err = db.QueryRow(ctx, st.KeyAdmin.KeyGet, key.Scope, key.ID).Scan(&info.Fingerprint, &size, &workflow, &info.Created,
 		&info.Expires, &live, &state)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, notFound(key)
@@ -114,13 +114,13 @@ func KeyDelete(ctx context.Context, db Beginner, key Key, opts ...Option) error 
 	st := store.For(cfg.schema)
 	return pgx.BeginFunc(ctx, db, func(t pgx.Tx) error {
 		var locked bool
-		if err := t.QueryRow(ctx, st.Admin.KeyLock, lockID(cfg.schema, key)).Scan(&locked); err != nil {
+		if err := t.QueryRow(ctx, st.KeyAdmin.KeyLock, lockID(cfg.schema, key)).Scan(&locked); err != nil {
 			return lookupError(cfg, err)
 		}
 		if !locked {
 			return &InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: cfg.retryAfter}
 		}
-		tag, err := t.Exec(ctx, st.Admin.KeyDelete, key.Scope, key.ID)
+		tag, err := t.Exec(ctx, st.KeyAdmin.KeyDelete, key.Scope, key.ID)
 		if err != nil {
 			return lookupError(cfg, err)
 		}
@@ -128,7 +128,7 @@ func KeyDelete(ctx context.Context, db Beginner, key Key, opts ...Option) error 
 			return nil
 		}
 		var workflow *string
-		err = t.QueryRow(ctx, st.Admin.KeyWorkflow, key.Scope, key.ID).Scan(&workflow)
+		err = t.QueryRow(ctx, st.KeyAdmin.KeyWorkflow, key.Scope, key.ID).Scan(&workflow)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return notFound(key)

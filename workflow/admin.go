@@ -18,26 +18,22 @@ import (
 // what the operation wrote: the fence checks the lease token and state = 'running', and every
 // operation here changes one or both.
 
-// lockedRun is a run's row as an admin operation locked it.
-type lockedRun struct {
-	state     store.RunState
-	workflow  string
-	leaseLive bool
-	owner     string
-}
-
-func (e *Engine) lockRun(ctx context.Context, t pgx.Tx, key idem.Key) (*lockedRun, error) {
-	var r lockedRun
-	var state string
-	err := t.QueryRow(ctx, e.st.Admin.RunLock, key.Scope, key.ID).Scan(&state, &r.workflow, &r.leaseLive, &r.owner)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, e.noRun(ctx, t, key)
+// lockedTx runs an admin operation: one transaction that locks the run's row first (waiting for
+// a step that is committing), then fn. A key with no run is idem.ErrNotFound.
+func (e *Engine) lockedTx(ctx context.Context, key idem.Key, fn func(t pgx.Tx, run store.LockedRun) error) error {
+	if err := key.Validate(); err != nil {
+		return err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("workflow: error locking run: %w", err)
-	}
-	r.state = store.RunState(state)
-	return &r, nil
+	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+		run, ok, err := e.st.RunLock(ctx, t, key.Scope, key.ID)
+		switch {
+		case err != nil:
+			return e.tablesError(fmt.Errorf("workflow: error locking run: %w", err))
+		case !ok:
+			return e.noRun(ctx, t, key)
+		}
+		return fn(t, run)
+	})
 }
 
 // RunCancel cancels the run under key: its stored outcome becomes cancelled with reason, and
@@ -59,30 +55,22 @@ func (e *Engine) lockRun(ctx context.Context, t pgx.Tx, key idem.Key) (*lockedRu
 //
 //	err := engine.RunCancel(ctx, idem.Key{Scope: "merchant:7", ID: "payout-1"}, "customer asked to stop")
 func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) error {
-	if err := key.Validate(); err != nil {
-		return err
-	}
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	err := pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
-		run, err := e.lockRun(ctx, t, key)
-		if err != nil {
-			return err
-		}
+	return e.lockedTx(ctx, key, func(t pgx.Tx, run store.LockedRun) error {
 		switch {
-		case run.state == store.RunCancelled:
+		case run.State == store.RunCancelled:
 			return nil
-		case run.state.Finished():
-			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s and cannot be cancelled; only an unfinished run can", run.workflow, key.ID, key.Scope, run.state)
+		case run.State.Finished():
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s and cannot be cancelled; only an unfinished run can", run.Workflow, key.ID, key.Scope, run.State)
 		}
-		if _, err := t.Exec(ctx, e.st.Admin.RunCancel, key.Scope, key.ID, encodeFailure(reason), e.cfg.TTL.Microseconds()); err != nil {
+		if err := e.st.RunCancel(ctx, t, key.Scope, key.ID, encodeFailure(reason), e.cfg.TTL); err != nil {
 			return fmt.Errorf("workflow: error cancelling run: %w", err)
 		}
-		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.workflow, "scope", key.Scope, "id", key.ID, "owner", run.owner, "reason", reason)
+		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "owner", run.Owner, "reason", reason)
 		return nil
 	})
-	return err
 }
 
 // RunResume continues a failed, cancelled or stuck run now, from its last completed step, with
@@ -125,33 +113,29 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
-		run, err := e.lockRun(ctx, t, key)
-		if err != nil {
-			return err
-		}
+	return e.lockedTx(ctx, key, func(t pgx.Tx, run store.LockedRun) error {
 		switch {
-		case run.state == store.RunDone:
-			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is done; there is nothing to resume (fork it under a new key to run it again)", run.workflow, key.ID, key.Scope)
-		case run.leaseLive && run.state == store.RunCancelled:
-			return fmt.Errorf("workflow: the run of %q under key %q in scope %q was cancelled while %s ran it, and that process may still be finishing its current step until its lease runs out (at most Config.Lease); resume it after that", run.workflow, key.ID, key.Scope, run.owner)
-		case run.leaseLive:
-			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is running in %s, which holds its lease; cancel it first, or let it finish", run.workflow, key.ID, key.Scope, run.owner)
-		case run.state != store.RunFailed && run.state != store.RunCancelled && run.state != store.RunRunning:
-			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s; only a failed, cancelled or stuck running run can be resumed", run.workflow, key.ID, key.Scope, run.state)
-		case run.state == store.RunFailed:
-			if _, err := t.Exec(ctx, e.st.Admin.RunCutFailed, key.Scope, key.ID); err != nil {
+		case run.State == store.RunDone:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is done; there is nothing to resume (fork it under a new key to run it again)", run.Workflow, key.ID, key.Scope)
+		case run.LeaseLive && run.State == store.RunCancelled:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q was cancelled while %s ran it, and that process may still be finishing its current step until its lease runs out (at most Config.Lease); resume it after that", run.Workflow, key.ID, key.Scope, run.Owner)
+		case run.LeaseLive:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is running in %s, which holds its lease; cancel it first, or let it finish", run.Workflow, key.ID, key.Scope, run.Owner)
+		case run.State != store.RunFailed && run.State != store.RunCancelled && run.State != store.RunRunning:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s; only a failed, cancelled or stuck running run can be resumed", run.Workflow, key.ID, key.Scope, run.State)
+		case run.State == store.RunFailed:
+			if _, err := e.st.RunCutFailed(ctx, t, key.Scope, key.ID); err != nil {
 				return fmt.Errorf("workflow: error removing the failed step: %w", err)
 			}
 		}
-		var generation int64
-		if err := t.QueryRow(ctx, e.st.Admin.RunReopen, key.Scope, key.ID).Scan(&generation); err != nil {
+		generation, err := e.st.RunReopen(ctx, t, key.Scope, key.ID)
+		if err != nil {
 			return fmt.Errorf("workflow: error reopening run: %w", err)
 		}
-		if err := e.insertResume(ctx, client, t, key, generation); err != nil {
+		if err := e.insertResume(ctx, client, t, key, generation, resumeByOperator); err != nil {
 			return err
 		}
-		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.workflow, "scope", key.Scope, "id", key.ID, "from", string(run.state))
+		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "from", string(run.State))
 		return nil
 	})
 }
@@ -187,43 +171,37 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		return err
 	}
 	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
-		var (
-			workflow           string
-			fingerprint, input []byte
-			trace              *string
-			steps              int
-			timeout            *int64
-		)
-		err := t.QueryRow(ctx, e.st.Admin.RunForkSource, key.Scope, key.ID).Scan(&workflow, &fingerprint, &input, &trace, &timeout)
-		if errors.Is(err, pgx.ErrNoRows) {
+		src, ok, err := e.st.RunForkSource(ctx, t, key.Scope, key.ID)
+		switch {
+		case err != nil:
+			return e.tablesError(fmt.Errorf("workflow: error reading the run to fork: %w", err))
+		case !ok:
 			return e.noRun(ctx, t, key)
-		}
-		if err != nil {
-			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
 		}
 		// Counted once the run is locked, in a statement of its own: a checkpoint that was
 		// committing while the lock was awaited is not in the locking statement's snapshot.
-		if err := t.QueryRow(ctx, e.st.Admin.RunStepCount, key.Scope, key.ID).Scan(&steps); err != nil {
+		steps, err := e.st.RunStepCount(ctx, t, key.Scope, key.ID)
+		if err != nil {
 			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
 		}
 		if fromStep > steps+1 {
 			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
 		}
-		var generation int64
-		err = t.QueryRow(ctx, e.st.Runs.Enqueue, newKey.Scope, newKey.ID, fingerprint, workflow, input, trace, timeout).Scan(&generation)
-		if errors.Is(err, pgx.ErrNoRows) {
+		generation, ok, err := e.st.RunEnqueue(ctx, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
+			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout})
+		switch {
+		case err != nil:
+			return fmt.Errorf("workflow: error creating the forked run: %w", err)
+		case !ok:
 			return fmt.Errorf("%w: key %q in scope %q is taken; fork into a key that was never used", idem.ErrMismatch, newKey.ID, newKey.Scope)
 		}
-		if err != nil {
-			return fmt.Errorf("workflow: error creating the forked run: %w", err)
-		}
-		if _, err := t.Exec(ctx, e.st.Admin.RunForkSteps, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
+		if err := e.st.RunForkSteps(ctx, t, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
 			return fmt.Errorf("workflow: error copying the run's history: %w", err)
 		}
-		if err := e.insertResume(ctx, client, t, newKey, generation); err != nil {
+		if err := e.insertResume(ctx, client, t, newKey, generation, resumeForked); err != nil {
 			return err
 		}
-		e.log.InfoContext(ctx, "workflow: run forked", "workflow", workflow, "scope", key.Scope, "id", key.ID,
+		e.log.InfoContext(ctx, "workflow: run forked", "workflow", src.Workflow, "scope", key.Scope, "id", key.ID,
 			"new_scope", newKey.Scope, "new_id", newKey.ID, "from_step", fromStep)
 		return nil
 	})
@@ -238,15 +216,15 @@ func (e *Engine) cancelledOutcome(ctx context.Context, rs *runState, err error) 
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	row, found, lerr := e.lookup(lctx, e.db, idemKey(rs))
-	if lerr != nil || !found || row.state == nil || store.RunState(*row.state) != store.RunCancelled {
+	kr, lerr := e.st.RunLookup(lctx, e.db, rs.scope, rs.id)
+	if lerr != nil || !kr.Found || kr.State == nil || *kr.State != store.RunCancelled {
 		return err
 	}
-	if _, herr := e.db.Exec(lctx, e.st.Admin.RunCancelHeard, rs.scope, rs.id, e.owner); herr != nil {
+	if herr := e.st.RunCancelHeard(lctx, e.db, rs.scope, rs.id, e.owner); herr != nil {
 		// The lease then runs out by itself; a resume waits for that.
 		e.log.WarnContext(ctx, "workflow: error giving up the lease of a cancelled run", "scope", rs.scope, "id", rs.id, "error", herr)
 	}
 	e.log.InfoContext(ctx, "workflow: run was cancelled and stopped at its step boundary", "workflow", rs.def.Name(),
 		"scope", rs.scope, "id", rs.id, "attempt", rs.attempt)
-	return cancelledFromStored(rs.def.Name(), idemKey(rs), row.output)
+	return cancelledFromStored(rs.def.Name(), idemKey(rs), kr.Output)
 }

@@ -113,10 +113,9 @@ func TestRunCancel(t *testing.T) {
 		require.NotContains(t, logs.String(), "lost its lease", "a cancel is not a takeover")
 	})
 
-	// With a DB that is not a pool, a run does not fold its bookkeeping into its steps'
-	// transactions: each checkpoint is written, fenced, with its own step. The cancel stops it
-	// all the same.
-	t.Run("Unfolded", func(t *testing.T) {
+	// With a DB that is not a pool, a run's transactions are begun with DB.Begin and send each
+	// statement on its own; the cancel stops it all the same, with the same history as above.
+	t.Run("NotAPool", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		db := plainDB{b.pool}
@@ -134,7 +133,7 @@ func TestRunCancel(t *testing.T) {
 		release()
 		require.ErrorIs(t, <-done, workflow.ErrCancelled)
 		require.Zero(t, b.effects(t, "settle"))
-		require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`), "reserve and charge, from before the cancel")
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_steps`), "only reserve: charge's checkpoint waited for settle's transaction")
 		_, err = wf.Get(b.ctx, e, key)
 		require.ErrorIs(t, err, workflow.ErrCancelled)
 	})

@@ -38,9 +38,6 @@ func (e *TimedOutError) Error() string {
 // Is makes errors.Is(err, ErrDeadlineExceeded) true.
 func (e *TimedOutError) Is(target error) bool { return target == ErrDeadlineExceeded }
 
-// errDeadline stops a run whose deadline passed: executeOnce stores it as timed out.
-var errDeadline = errors.New("workflow: the run's deadline passed")
-
 const deadlineMessage = "the run's deadline passed before it finished"
 
 func timedOutFromStored(name string, key idem.Key, result []byte) error {
@@ -80,12 +77,12 @@ func (rs *runState) deadlinePassed() bool {
 	return !rs.deadline.IsZero() && !time.Now().Before(rs.deadline)
 }
 
-// timeOut stores the run as timed out, with the held step and the pending writes.
-func (rs *runState) timeOut(ctx context.Context) error {
+// timeOut stores the run as timed out, with what its open transaction holds and the pending
+// writes. When that fails the run is left to its lease, and whoever resumes it times it out.
+func (rs *runState) timeOut(ctx context.Context) outcome {
 	result := encodeFailure(deadlineMessage)
 	if err := rs.finish(ctx, store.RunTimedOut, result); err != nil {
-		rs.rollbackHeld(ctx)
-		return err
+		return rs.e.abandon(ctx, rs, err)
 	}
-	return timedOutFromStored(rs.def.Name(), idemKey(rs), result)
+	return finished(nil, timedOutFromStored(rs.def.Name(), idemKey(rs), result))
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -30,6 +31,7 @@ const (
 	DefaultScanInterval      = 15 * time.Second
 	DefaultScanBatchSize     = 100
 	DefaultReapInterval      = time.Minute
+	DefaultStepAttemptsKept  = 10
 )
 
 // DB is what an Engine needs from Postgres: several connections at once (a run renews its lease
@@ -89,6 +91,10 @@ type Config struct {
 
 	// ScanBatchSize bounds how many runs one scan hands to resume jobs. Default 100.
 	ScanBatchSize int
+
+	// StepAttemptsKept is how many failed attempts of each step a run keeps, with their errors,
+	// for Engine.RunGet and `idem runs show`: the newest ones. Default 10.
+	StepAttemptsKept int
 
 	// ReapInterval is how often expired keys (of finished runs, and of idem.Do) are deleted, by
 	// idem.Reap in idemriver's reap job. At least one second; default 1 minute.
@@ -212,6 +218,7 @@ func (c *Config) setDefaults() error {
 		dur(&c.ReapInterval, "ReapInterval", DefaultReapInterval, time.Second),
 		num(&c.MaxAttempts, "MaxAttempts", DefaultMaxAttempts),
 		num(&c.ScanBatchSize, "ScanBatchSize", DefaultScanBatchSize),
+		num(&c.StepAttemptsKept, "StepAttemptsKept", DefaultStepAttemptsKept),
 		func() error {
 			if c.Queue == "" {
 				c.Queue = river.QueueDefault
@@ -225,6 +232,13 @@ func (c *Config) setDefaults() error {
 			return nil
 		}(),
 	)
+}
+
+// pool returns the engine's pool, or nil when its DB is something else: then the run's
+// transactions are begun with DB.Begin, and send each statement on its own (see runtx.go).
+func (e *Engine) pool() *pgxpool.Pool {
+	p, _ := e.db.(*pgxpool.Pool)
+	return p
 }
 
 // SetClient gives the engine the application's River client, which steps.Enqueue and the
@@ -252,3 +266,12 @@ func (e *Engine) riverClient(ctx context.Context) (*river.Client[pgx.Tx], error)
 //	var n int
 //	err := engine.DB().QueryRow(ctx, "SELECT count(*) FROM idem_steps").Scan(&n)
 func (e *Engine) DB() DB { return e.db }
+
+// tablesError explains an error that comes from a database without idem's tables, the commonest
+// mistake on a new database, whose raw message does not say what to do; other errors pass.
+func (e *Engine) tablesError(err error) error {
+	if !store.IsMissingTable(err) {
+		return err
+	}
+	return fmt.Errorf("workflow: idem's tables are missing: run idem.Migrate at startup, with idem.Schema(%q) as in Config.Schema, or apply schema.sql: %w", e.cfg.Schema, err)
+}

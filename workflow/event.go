@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/backoff"
-	"github.com/idemkit/idem/internal/store"
 )
 
 // ErrEventNotSet means the run has not published the event (yet): [Engine.EventGet] waited as
@@ -33,7 +32,7 @@ func SetEventStep(ctx context.Context, name string, value []byte) error {
 	}
 	_, err := RunStepTx(ctx, "event", name, nil, func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error) {
 		rs := info.rs
-		if _, err := t.Exec(ctx, rs.e.st.Waits.SetEvent, rs.scope, rs.id, name, value); err != nil {
+		if err := rs.e.st.EventSet(ctx, t, rs.scope, rs.id, name, value); err != nil {
 			return nil, fmt.Errorf("error publishing event %q: %w", name, err)
 		}
 		return []byte("null"), nil
@@ -54,18 +53,14 @@ func (e *Engine) EventGet(ctx context.Context, key idem.Key, name string, wait t
 	}
 	poll := backoff.NewPoll(wait, 10*time.Millisecond, 250*time.Millisecond)
 	for {
-		var state string
-		var set bool
-		var value []byte
-		err := e.db.QueryRow(ctx, e.st.Waits.GetEvent, key.Scope, key.ID, name).Scan(&state, &set, &value)
-		found := err == nil
+		ev, found, err := e.st.EventGet(ctx, e.db, key.Scope, key.ID, name)
 		switch {
-		case err != nil && !errors.Is(err, pgx.ErrNoRows):
-			return nil, fmt.Errorf("workflow: error reading event: %w", err)
-		case set:
-			return value, nil
-		case found && store.RunState(state).Finished():
-			return nil, fmt.Errorf("%w: run of key %q in scope %q is %s without event %q", ErrEventNotSet, key.ID, key.Scope, state, name)
+		case err != nil:
+			return nil, fmt.Errorf("workflow: error reading event: %w", e.tablesError(err))
+		case ev.Set:
+			return ev.Value, nil
+		case found && ev.State.Finished():
+			return nil, fmt.Errorf("%w: run of key %q in scope %q is %s without event %q", ErrEventNotSet, key.ID, key.Scope, ev.State, name)
 		}
 		again, err := poll.Next(ctx)
 		switch {

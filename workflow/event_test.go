@@ -110,12 +110,16 @@ func TestReapDeletesSignalsAndEvents(t *testing.T) {
 	key := waitKey("reaped")
 	_, err := wf.Run(b.ctx, e, key, 0, nil)
 	require.ErrorIs(t, err, idem.ErrInFlight)
-	for _, name := range []string{"go", "unread"} {
-		require.NoError(t, b.inTx(func(ctx context.Context, t pgx.Tx) error {
-			_, err := e.SignalTx(ctx, t, key, name, nil, nil)
-			return err
-		}))
-	}
+	// Both in one transaction: once "go" commits, the run may finish before a second
+	// transaction could signal it.
+	require.NoError(t, b.inTx(func(ctx context.Context, t pgx.Tx) error {
+		for _, name := range []string{"go", "unread"} {
+			if _, err := e.SignalTx(ctx, t, key, name, nil, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
 	_, err = runUntilDone(t, b, wf, e, key, 0)
 	require.NoError(t, err)
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_signals`))

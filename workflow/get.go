@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/store"
 )
 
 // Get returns the outcome of the run under key without running anything: no step, no takeover,
@@ -43,25 +42,25 @@ func (w *Workflow[In, Out]) Get(ctx context.Context, e *Engine, key idem.Key) (O
 	if err := key.Validate(); err != nil {
 		return zero, err
 	}
-	row, found, err := e.lookup(ctx, e.db, key)
+	kr, err := e.st.RunLookup(ctx, e.db, key.Scope, key.ID)
 	switch {
 	case err != nil:
-		return zero, err
-	case !found:
+		return zero, fmt.Errorf("workflow: error looking up key: %w", e.tablesError(err))
+	case !kr.Found:
 		return zero, runNotFound(key)
-	case row.keyWorkflow == nil:
+	case kr.KeyWorkflow == nil:
 		return zero, fmt.Errorf("%w: key %q in scope %q belongs to idem.Do, not to a run of workflow %q", idem.ErrNotFound, key.ID, key.Scope, w.name)
-	case row.state == nil:
+	case kr.State == nil:
 		return zero, runNotFound(key)
-	case *row.keyWorkflow != w.name:
-		return zero, fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not %q", idem.ErrMismatch, key.ID, key.Scope, *row.keyWorkflow, w.name)
+	case *kr.KeyWorkflow != w.name:
+		return zero, fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not %q", idem.ErrMismatch, key.ID, key.Scope, *kr.KeyWorkflow, w.name)
 	}
-	state := store.RunState(*row.state)
-	if state.Finished() && !row.runLive {
+	state := *kr.State
+	if state.Finished() && !kr.RunLive {
 		return zero, fmt.Errorf("%w: the run under key %q in scope %q has expired", idem.ErrNotFound, key.ID, key.Scope)
 	}
 	if state.Finished() {
-		data, _, err := storedOutcome(w.name, key, state, row.output)
+		data, _, err := storedOutcome(w.name, key, state, kr.Output)
 		if err != nil {
 			return zero, err
 		}
@@ -72,8 +71,8 @@ func (w *Workflow[In, Out]) Get(ctx context.Context, e *Engine, key idem.Key) (O
 		return out, nil
 	}
 	retry := e.cfg.ScanInterval
-	if row.leaseLive {
-		retry = max(time.Second, time.Duration(row.leaseLeft)*time.Second)
+	if kr.LeaseLive {
+		retry = max(time.Second, kr.LeaseLeft)
 	}
 	return zero, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: retry}
 }

@@ -91,6 +91,44 @@ type RunRow struct {
 
 	// Steps are the run's completed steps in order; filled by RunGet only.
 	Steps []StepRow `json:"steps,omitempty"`
+
+	// Failures are the step attempts that failed, oldest first: the newest
+	// Config.StepAttemptsKept of each step, whether the step then completed, is being retried,
+	// or failed for good; filled by RunGet only.
+	Failures []AttemptRow `json:"failures,omitempty"`
+}
+
+// AttemptOutcome says how a failed attempt of a step ended.
+//
+//	if a.Outcome == workflow.AttemptRetried { ... }
+type AttemptOutcome string
+
+// How a failed attempt ended: it was retried; it was the last one, and the step failed for good
+// after it; its error was marked permanent (steps.Permanent), so it was not retried; or the run
+// stopped during it (a lost connection or lease, a shutdown), so the step runs again when the
+// run resumes.
+//
+//	failedForGood := a.Outcome == workflow.AttemptFailed || a.Outcome == workflow.AttemptPermanent
+const (
+	AttemptRetried   = AttemptOutcome(store.AttemptRetried)
+	AttemptFailed    = AttemptOutcome(store.AttemptFailed)
+	AttemptPermanent = AttemptOutcome(store.AttemptPermanent)
+	AttemptStopped   = AttemptOutcome(store.AttemptStopped)
+)
+
+// AttemptRow is a failed attempt of a step, as [Engine.RunGet] reads it.
+//
+//	for _, a := range run.Failures {
+//		fmt.Printf("#%d %s attempt %d (%s) at %s: %s\n", a.Seq, a.Step, a.Attempt, a.Outcome, a.At, a.Error)
+//	}
+type AttemptRow struct {
+	Seq     int            `json:"seq"` // the step's position in the run
+	Step    string         `json:"step"`
+	Kind    string         `json:"kind"`
+	Attempt int            `json:"attempt"` // within the process that ran it, from 1
+	Outcome AttemptOutcome `json:"outcome"`
+	Error   string         `json:"error"` // clipped to 2 KiB
+	At      time.Time      `json:"at"`
 }
 
 // StepRow is one completed step of a run, as stored in its history.
@@ -108,24 +146,19 @@ type StepRow struct {
 	Created  time.Time       `json:"created"`          // when its checkpoint was written
 }
 
-// scanRun reads store.runColumns.
-func scanRun(r pgx.Row) (*RunRow, error) {
-	run := &RunRow{}
-	var input, output []byte
-	dest := []any{&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner,
-		&run.LeaseExpires, &run.LastError, &input, &output, &run.Created, &run.Updated, &run.Finished, &run.Expires,
-		&run.WakeAt, &run.AwaitingSignal, &run.Deadline, &run.PendingSignals}
-	if err := r.Scan(dest...); err != nil {
-		return nil, err
-	}
-	run.Input, run.Output = rawJSON(input), rawJSON(output)
+// runRow makes a RunRow of a run as stored.
+func runRow(r *store.RunRecord) *RunRow {
+	run := &RunRow{Scope: r.Scope, ID: r.ID, Workflow: r.Workflow, State: RunState(r.State), Attempts: r.Attempts, LeaseOwner: r.LeaseOwner,
+		LeaseExpires: r.LeaseExpires, WakeAt: r.WakeAt, AwaitingSignal: r.AwaitingSignal, Deadline: r.Deadline,
+		PendingSignals: r.PendingSignals, LastError: r.LastError, Input: rawJSON(r.Input), Output: rawJSON(r.Output),
+		Created: r.Created, Updated: r.Updated, Finished: r.Finished, Expires: r.Expires}
 	if run.State.Finished() && run.State != RunStateDone {
 		var f storedFailure
-		if json.Unmarshal(output, &f) == nil {
+		if json.Unmarshal(r.Output, &f) == nil {
 			run.Error = f.Error
 		}
 	}
-	return run, nil
+	return run
 }
 
 // rawJSON keeps stored JSON as it is, and makes anything else (there should be nothing else) a
@@ -158,33 +191,33 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 	// One snapshot for the run and its steps, so that they agree; tx.Run sends BEGIN, with the
 	// isolation level in it, together with the first query.
 	err := tx.Run(ctx, e.db, func(ctx context.Context, t pgx.Tx) error {
-		var err error
-		run, err = scanRun(t.QueryRow(ctx, e.st.Admin.RunGet, key.Scope, key.ID))
-		if errors.Is(err, pgx.ErrNoRows) {
+		r, ok, err := e.st.RunGet(ctx, t, key.Scope, key.ID)
+		switch {
+		case err != nil:
+			return fmt.Errorf("workflow: error reading run: %w", e.tablesError(err))
+		case !ok:
 			return e.noRun(ctx, t, key)
 		}
-		if err != nil {
-			return fmt.Errorf("workflow: error reading run: %w", err)
-		}
-		rows, err := t.Query(ctx, e.st.Admin.RunSteps, key.Scope, key.ID)
+		run = runRow(r)
+		steps, err := e.st.RunSteps(ctx, t, key.Scope, key.ID)
 		if err != nil {
 			return fmt.Errorf("workflow: error reading run's steps: %w", err)
 		}
-		run.Steps, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRow, error) {
-			var (
-				s      StepRow
-				output []byte
-				msg    *string
-			)
-			err := r.Scan(&s.Seq, &s.Name, &s.Kind, &s.Attempts, &output, &msg, &s.Created)
-			s.Output = rawJSON(output)
-			if msg != nil {
-				s.Error = *msg
+		run.Steps = make([]StepRow, 0, len(steps))
+		for _, s := range steps {
+			row := StepRow{Seq: s.Seq, Name: s.Name, Kind: s.Kind, Attempts: s.Attempts, Output: rawJSON(s.Output), Created: s.Created}
+			if s.Error != nil {
+				row.Error = *s.Error
 			}
-			return s, err
-		})
+			run.Steps = append(run.Steps, row)
+		}
+		attempts, err := e.st.RunAttempts(ctx, t, key.Scope, key.ID)
 		if err != nil {
-			return fmt.Errorf("workflow: error reading run's steps: %w", err)
+			return fmt.Errorf("workflow: error reading run's failed attempts: %w", err)
+		}
+		for _, a := range attempts {
+			run.Failures = append(run.Failures, AttemptRow{Seq: a.Seq, Step: a.Name, Kind: a.Kind, Attempt: a.Attempt,
+				Outcome: AttemptOutcome(a.Outcome), Error: a.Error, At: a.At})
 		}
 		return nil
 	}, tx.Isolation(pgx.RepeatableRead), tx.ReadOnly())
@@ -196,13 +229,12 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 
 // noRun explains a key that has no run: never stored, or a key of idem.Do's.
 func (e *Engine) noRun(ctx context.Context, q store.Querier, key idem.Key) error {
-	var workflow *string
-	err := q.QueryRow(ctx, e.st.Admin.KeyWorkflow, key.Scope, key.ID).Scan(&workflow)
+	workflow, found, err := e.st.KeyWorkflow(ctx, q, key.Scope, key.ID)
 	switch {
-	case err == nil && workflow == nil:
-		return fmt.Errorf("%w: key %q in scope %q belongs to idem.Do, not to a run (see idem.KeyGet)", idem.ErrNotFound, key.ID, key.Scope)
-	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
 		return fmt.Errorf("workflow: error reading key: %w", err)
+	case found && workflow == nil:
+		return fmt.Errorf("%w: key %q in scope %q belongs to idem.Do, not to a run (see idem.KeyGet)", idem.ErrNotFound, key.ID, key.Scope)
 	}
 	return runNotFound(key)
 }
@@ -283,12 +315,10 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 		f.States = append(f.States, string(s))
 	}
 	if !params.Since.IsZero() {
-		us := params.Since.UnixMicro()
-		f.Since = &us
+		f.Since = &params.Since
 	}
 	if !params.Until.IsZero() {
-		us := params.Until.UnixMicro()
-		f.Until = &us
+		f.Until = &params.Until
 	}
 	if params.After != "" {
 		c, err := decodeCursor(params.After)
@@ -299,22 +329,13 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 	}
 	limit := f.Limit
 	f.Limit++
-	sql, args := e.st.ListRuns(f)
-	rows, err := e.db.Query(ctx, sql, args...)
+	records, err := e.st.RunList(ctx, e.db, f)
 	if err != nil {
-		return nil, fmt.Errorf("workflow: error listing runs: %w", err)
+		return nil, fmt.Errorf("workflow: error listing runs: %w", e.tablesError(err))
 	}
-	res := &RunListResult{Runs: []*RunRow{}}
-	defer rows.Close()
-	for rows.Next() {
-		run, err := scanRun(rows)
-		if err != nil {
-			return nil, fmt.Errorf("workflow: error listing runs: %w", err)
-		}
-		res.Runs = append(res.Runs, run)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("workflow: error listing runs: %w", err)
+	res := &RunListResult{Runs: make([]*RunRow, 0, len(records))}
+	for _, r := range records {
+		res.Runs = append(res.Runs, runRow(r))
 	}
 	if len(res.Runs) > limit {
 		// One row more than the page was asked for, so that Next is "" on the last page.

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgtype"
-
 	"github.com/idemkit/idem/internal/store"
 )
 
@@ -123,26 +121,12 @@ func Fail(err error) Decision {
 	return Decision{action: actionFail, errorMsg: msg}
 }
 
-// inspected is a run's row as the resume job reads it.
-type inspected struct {
-	state, workflow string
-	input           []byte
-	attempts        int
-	expired         *bool
-	token           *pgtype.UUID
-	expiredFor      float64
-	recoveryPoint   string
-	lastError       string
-	created         int64
-	trace           string
-}
-
 // reconcile asks the hook (or the default) what to do with a run that cannot be resumed and
 // applies the answer. The write is fenced like a takeover: it only lands if the run still has
 // the expired lease that was inspected.
-func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected, reason ReconcileReason) error {
-	run := &StuckRun{Workflow: row.workflow, Scope: scope, ID: id, Input: row.input, Attempts: row.attempts,
-		RecoveryPoint: row.recoveryPoint, LastError: row.lastError, Reason: reason, Created: time.UnixMicro(row.created)}
+func (e *Engine) reconcile(ctx context.Context, scope, id string, row *store.Inspected, reason ReconcileReason) error {
+	run := &StuckRun{Workflow: row.Workflow, Scope: scope, ID: id, Input: row.Input, Attempts: row.Attempts,
+		RecoveryPoint: row.RecoveryPoint, LastError: row.LastError, Reason: reason, Created: time.UnixMicro(row.Created)}
 	var d Decision
 	if e.cfg.Reconcile == nil {
 		d = Fail(defaultFailure(run, e.cfg))
@@ -158,21 +142,21 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *inspected
 	case actionNone:
 		return fmt.Errorf("workflow: the reconcile hook for key %q in scope %q returned a zero workflow.Decision; return workflow.ResumeLater, workflow.Complete or workflow.Fail", id, scope)
 	case actionResume:
-		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileResume, scope, id, row.token, d.after.Microseconds())
+		_, err = e.st.RunReconcileResume(ctx, e.db, scope, id, row.Token, d.after)
 	case actionComplete:
 		data, merr := json.Marshal(d.output)
 		if merr != nil {
 			return fmt.Errorf("workflow: error encoding the reconcile hook's output of type %T as JSON: %w", d.output, merr)
 		}
-		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunDone), data, e.cfg.TTL.Microseconds())
+		_, err = e.st.RunReconcileEnd(ctx, e.db, scope, id, row.Token, store.RunDone, data, e.cfg.TTL)
 	case actionFail:
-		_, err = e.db.Exec(ctx, e.st.Runs.ReconcileEnd, scope, id, row.token, string(store.RunFailed), encodeFailure(d.errorMsg), e.cfg.TTL.Microseconds())
+		_, err = e.st.RunReconcileEnd(ctx, e.db, scope, id, row.Token, store.RunFailed, encodeFailure(d.errorMsg), e.cfg.TTL)
 	}
 	if err != nil {
 		return fmt.Errorf("workflow: error storing reconciliation of key %q in scope %q: %w", id, scope, err)
 	}
-	e.countReconcile(ctx, row.workflow, reason, d.action.String())
-	e.log.InfoContext(ctx, "workflow: run reconciled", "decision", d.action.String(), "workflow", row.workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.attempts)
+	e.countReconcile(ctx, row.Workflow, reason, d.action.String())
+	e.log.InfoContext(ctx, "workflow: run reconciled", "decision", d.action.String(), "workflow", row.Workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.Attempts)
 	return nil
 }
 

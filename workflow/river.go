@@ -1,10 +1,10 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +28,19 @@ type ResumeArgs struct {
 	ID          string `json:"id"`
 	Attempt     int    `json:"attempt"`      // the run's attempts when the scan saw it
 	LeaseExpiry int64  `json:"lease_expiry"` // the expired lease, in µs since the epoch
+
+	// Reason says why the job was inserted, for operators and the log: "start" (StartTx),
+	// "operator" (RunResume), "fork" (RunFork); "" when the recovery scan found the run's lease
+	// expired.
+	Reason string `json:"reason,omitempty"`
 }
+
+// Why a resume job was inserted; see ResumeArgs.Reason.
+const (
+	resumeStarted    = "start"
+	resumeByOperator = "operator"
+	resumeForked     = "fork"
+)
 
 // Kind implements river.JobArgs.
 func (ResumeArgs) Kind() string { return "idem_workflow_resume" }
@@ -39,9 +51,9 @@ func (e *Engine) resumeOpts() *river.InsertOpts {
 }
 
 // insertResume inserts, in t, the job that runs an ownerless run now (StartTx, RunResume,
-// RunFork); generation is the run's lease expiry, which makes the job unique.
-func (e *Engine) insertResume(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, key idem.Key, generation int64) error {
-	_, err := client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation}, e.resumeOpts())
+// RunFork, said by reason); generation is the run's lease expiry, which makes the job unique.
+func (e *Engine) insertResume(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, key idem.Key, generation int64, reason string) error {
+	_, err := client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation, Reason: reason}, e.resumeOpts())
 	if err != nil {
 		return fmt.Errorf("workflow: error inserting the job that runs the run: %w", err)
 	}
@@ -127,17 +139,14 @@ func (e *Engine) scan(ctx context.Context) (err error) {
 		endSpan(span, map[bool]string{true: "ok", false: "error"}[err == nil], err)
 	}()
 	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
-		rows, err := t.Query(ctx, e.st.Runs.Scan, e.cfg.ScanBatchSize)
+		expired, err := e.st.RunScan(ctx, t, e.cfg.ScanBatchSize)
 		if err != nil {
 			return fmt.Errorf("workflow: error scanning for runs to resume: %w", err)
 		}
-		params, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (river.InsertManyParams, error) {
-			var a ResumeArgs
-			err := r.Scan(&a.Scope, &a.ID, &a.Attempt, &a.LeaseExpiry)
-			return river.InsertManyParams{Args: a, InsertOpts: e.resumeOpts()}, err
-		})
-		if err != nil {
-			return fmt.Errorf("workflow: error scanning for runs to resume: %w", err)
+		params := make([]river.InsertManyParams, 0, len(expired))
+		for _, r := range expired {
+			params = append(params, river.InsertManyParams{Args: ResumeArgs{Scope: r.Scope, ID: r.ID, Attempt: r.Attempts, LeaseExpiry: r.LeaseExpiry},
+				InsertOpts: e.resumeOpts()})
 		}
 		if found = len(params); found == 0 {
 			return nil
@@ -159,61 +168,62 @@ type resumeWorker struct {
 func (w *resumeWorker) Timeout(*river.Job[ResumeArgs]) time.Duration { return -1 }
 
 func (w *resumeWorker) Work(ctx context.Context, job *river.Job[ResumeArgs]) error {
-	return w.e.resume(ctx, job.Args.Scope, job.Args.ID)
+	return w.e.resume(ctx, job.Args.Scope, job.Args.ID, job.Args.Reason)
 }
 
 // resume continues a run whose lease expired, or reconciles it when it cannot be continued.
 // Errors that stop the run are logged, not returned: the run's lease is what brings it back,
 // through the next scan, with its attempts counted.
-func (e *Engine) resume(ctx context.Context, scope, id string) error {
-	var row inspected
-	err := e.db.QueryRow(ctx, e.st.Runs.Inspect, scope, id).Scan(&row.state, &row.workflow, &row.input, &row.attempts,
-		&row.expired, &row.token, &row.expiredFor, &row.recoveryPoint, &row.lastError, &row.created, &row.trace)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
+func (e *Engine) resume(ctx context.Context, scope, id, reason string) error {
+	row, ok, err := e.st.RunInspect(ctx, e.db, scope, id)
 	if err != nil {
-		return fmt.Errorf("workflow: error looking up run: %w", err)
+		return fmt.Errorf("workflow: error looking up run: %w", e.tablesError(err))
 	}
-	if store.RunState(row.state) != store.RunRunning || row.expired == nil || !*row.expired {
-		return nil // finished, or owned by a live process
+	if !ok || row.State != store.RunRunning || row.Expired == nil || !*row.Expired {
+		return nil // gone, finished, or owned by a live process
 	}
-	ctx, span := e.startResumeSpan(ctx, row.trace, telemetry.Workflow.String(row.workflow), telemetry.Scope.String(scope),
-		telemetry.Attempts.Int(row.attempts))
-	outcome, err := e.resumeInspected(ctx, scope, id, &row)
+	ctx, span := e.startResumeSpan(ctx, row.Trace, telemetry.Workflow.String(row.Workflow), telemetry.Scope.String(scope),
+		telemetry.Attempts.Int(row.Attempts))
+	outcome, err := e.resumeInspected(ctx, scope, id, &row, reason)
 	endSpan(span, outcome, err)
 	return err
 }
 
 // resumeInspected is resume once the run is known to need it; it returns the outcome for the
 // resume span.
-func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *inspected) (string, error) {
-	def, ok := e.workflows[row.workflow]
+func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *store.Inspected, reason string) (string, error) {
+	def, ok := e.workflows[row.Workflow]
 	switch {
 	case !ok:
-		grace := e.cfg.UnregisteredGrace.Seconds()
-		if row.expiredFor < grace {
+		grace := e.cfg.UnregisteredGrace
+		if row.ExpiredFor < grace {
 			// Another deployment may know the workflow (a rolling deploy): look again later.
-			wait := time.Duration(math.Min(grace-row.expiredFor, e.cfg.ScanInterval.Seconds()*4)*float64(time.Second)) + 100*time.Millisecond
-			return "snoozed", river.JobSnooze(wait)
+			return "snoozed", river.JobSnooze(min(grace-row.ExpiredFor, 4*e.cfg.ScanInterval) + 100*time.Millisecond)
 		}
 		return "reconciled", e.reconcile(ctx, scope, id, row, ReasonUnregistered)
-	case row.attempts >= e.cfg.MaxAttempts:
+	case row.Attempts >= e.cfg.MaxAttempts:
 		return "reconciled", e.reconcile(ctx, scope, id, row, ReasonMaxAttempts)
 	}
 
-	rs, input, err := e.takeOver(ctx, def, scope, id, row.token, "job")
+	rs, input, err := e.takeOver(ctx, def, scope, id, row.Token, "job")
 	if err != nil {
 		return "stopped", err
 	}
 	if rs == nil {
 		return "taken", nil // another process was faster
 	}
-	e.log.InfoContext(ctx, "workflow: resuming run", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt,
-		"recovery_point", row.recoveryPoint, "lease_expired_for", time.Duration(row.expiredFor*float64(time.Second)).Round(time.Millisecond))
-	_, err = e.execute(ctx, rs, input)
-	if err != nil && !quietEnd(err) {
-		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", err)
+	switch reason {
+	case resumeStarted, resumeForked:
+		// Not a recovery: a run started in a transaction (StartTx), or forked, begins here.
+		e.log.InfoContext(ctx, "workflow: starting run", "workflow", row.Workflow, "scope", scope, "id", id, "by", reason,
+			"replayed_steps", row.RecoveryPoint != "")
+	default:
+		e.log.InfoContext(ctx, "workflow: resuming run", "workflow", row.Workflow, "scope", scope, "id", id, "attempt", rs.attempt,
+			"recovery_point", row.RecoveryPoint, "lease_expired_for", row.ExpiredFor.Round(time.Millisecond), "by", cmp.Or(reason, "scan"))
 	}
-	return runOutcome(err, false), nil
+	res := e.execute(ctx, rs, input)
+	if res.err != nil && !quietEnd(res.err) {
+		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.Workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", res.err)
+	}
+	return runOutcome(res.err, false), nil
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemkit/idem"
@@ -18,7 +17,12 @@ import (
 	"github.com/idemkit/idem/internal/keyctx"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/txctl"
+	"github.com/idemkit/idem/tx"
 )
+
+// This file follows a run from Workflow.Run to its outcome: the start contract (tryRun), the
+// execution of the workflow function (execute), and how an execution ends (its outcome). The
+// package doc draws the states a run moves through; runtx.go has the run's open transaction.
 
 // newToken makes a lease's fencing token. It is a pgtype.UUID rather than a uuid.UUID, which pgx
 // would encode through its driver.Valuer (a string, a failed binary encode, a text scan) on
@@ -35,35 +39,30 @@ type runState struct {
 	created int64       // created_at in microseconds: the run's generation, part of derived step keys
 	token   pgtype.UUID // the lease's fencing token; pgtype's own type, which pgx encodes without detour
 	attempt int
-	history []stepRecord
+	history []store.StepRecord
 	cancel  context.CancelCauseFunc
 
+	// tx is the run's open transaction, and the writes that wait for one. Owned by the goroutine
+	// that runs the workflow function.
+	tx *runTx
+
 	deadline time.Time     // when the run times out, by this process's clock; zero for never
-	timeout  time.Duration // RunOpts.Timeout, for a run whose row is not written yet
+	timeout  time.Duration // RunOpts.Timeout of a run this process starts
 	dbNow    int64         // Postgres's clock when this process took the run, µs (see SleepStep)
 
 	retryAfter time.Duration // for a suspended run: until its wake-up, as a hint to callers
 
-	mu           sync.Mutex
-	next         int           // seq of the next step, from 1
-	busy         string        // name of the step in progress, "" when none
-	stopErr      error         // the first error that stopped the run; no step runs after it
-	pendingStart *pendingStart // the run's row, not committed yet (see fold.go)
-	startHeld    bool          // the row is written in the held step's transaction
-	startLost    bool          // a COMMIT that would have written the row was lost (see reload)
-
-	// Owned by the goroutine that runs the workflow function.
-	pending []txctl.Deferred // Call checkpoints waiting for the next transaction
-	held    *heldStep        // a Tx step's transaction waiting to commit
+	mu        sync.Mutex
+	next      int     // seq of the next step, from 1
+	busy      string  // name of the step in progress, "" when none
+	end       *ending // why this process's part in the run ended early; set once
+	committed bool    // the run's row is committed, so that renewals and takeovers see it
 }
 
-type stepRecord struct {
-	seq      int
-	name     string
-	kind     string
-	output   []byte
-	errMsg   *string
-	attempts int
+func (e *Engine) newRun(def Definition, scope, id string, token pgtype.UUID) *runState {
+	rs := &runState{e: e, def: def, scope: scope, id: id, token: token, next: 1}
+	rs.tx = &runTx{rs: rs}
+	return rs
 }
 
 type runKey struct{}
@@ -73,26 +72,89 @@ func runFrom(ctx context.Context) (*runState, bool) {
 	return rs, ok
 }
 
-// stop records the first error that ends this process's part in the run, and cancels the
-// workflow's context so that whatever it is doing stops too.
-func (rs *runState) stop(err error) error {
-	rs.mu.Lock()
-	if rs.stopErr == nil {
-		rs.stopErr = err
-	}
-	err = rs.stopErr
-	rs.mu.Unlock()
-	if rs.cancel != nil {
-		rs.cancel(err)
-	}
-	return err
+func (rs *runState) lease() store.LeaseParams {
+	return store.LeaseParams{Scope: rs.scope, ID: rs.id, Token: rs.token}
 }
 
-func (rs *runState) stopped() error {
+func (rs *runState) isCommitted() bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	return rs.stopErr
+	return rs.committed
 }
+
+func (rs *runState) markCommitted() {
+	rs.mu.Lock()
+	rs.committed = true
+	rs.mu.Unlock()
+}
+
+// endKind says why this process's part in a run ended before the workflow function returned on
+// its own terms.
+type endKind int
+
+const (
+	// endStopped: an error stopped it (a lost lease, a lost connection, a bug, a cancelled
+	// context). No outcome is stored; the run is resumed later from its history.
+	endStopped endKind = iota + 1
+	// endSuspended: the run waits (a sleep, an await) and a River job continues it.
+	endSuspended
+	// endRestart: a held step's commit failed in a way that running again from the committed
+	// history fixes (a serialization failure, a COMMIT whose answer was lost).
+	endRestart
+	// endDeadline: the run's deadline passed at a step boundary; it is stored as timed out.
+	endDeadline
+)
+
+// ending is why an execution ended early: the first one recorded wins.
+type ending struct {
+	kind endKind
+	err  error
+}
+
+// endWith records why this process's part in the run ends, unless something ended it already,
+// and cancels the workflow's context so that whatever it is doing stops too. It returns the
+// error of the ending that stands.
+func (rs *runState) endWith(kind endKind, err error) error {
+	end := rs.markEnded(kind, err)
+	if rs.cancel != nil {
+		rs.cancel(end.err)
+	}
+	return end.err
+}
+
+// markEnded records the ending without cancelling the workflow's context yet.
+func (rs *runState) markEnded(kind endKind, err error) *ending {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.end == nil {
+		rs.end = &ending{kind: kind, err: err}
+	}
+	return rs.end
+}
+
+// stop ends the execution with an error: nothing is stored, and the run is resumed later.
+func (rs *runState) stop(err error) error { return rs.endWith(endStopped, err) }
+
+func (rs *runState) ending() *ending {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.end
+}
+
+// stopped returns the error of the execution's ending, nil while it goes on.
+func (rs *runState) stopped() error {
+	if end := rs.ending(); end != nil {
+		return end.err
+	}
+	return nil
+}
+
+// The errors that endings other than endStopped carry, which steps return to the workflow code.
+var (
+	errSuspended = errors.New("workflow: the run is waiting and will be woken by a River job")
+	errRestart   = errors.New("workflow: a step's transaction failed to commit and the run starts over from its history")
+	errDeadline  = errors.New("workflow: the run's deadline passed")
+)
 
 // machineryError marks an error of the run's machinery rather than of the workflow's code: the
 // run stops without a stored outcome and is resumed later.
@@ -101,61 +163,36 @@ type machineryError struct{ err error }
 func (e *machineryError) Error() string { return e.err.Error() }
 func (e *machineryError) Unwrap() error { return e.err }
 
-// keyRow is a key, and its run if it has one, as the lookup statement reads it.
-type keyRow struct {
-	keyWorkflow *string // the workflow the key belongs to; nil for a key of idem.Do
-	keyLive     bool    // Do's key: not expired
-	state       *string // nil when the key has no run
-	fingerprint []byte
-	output      []byte
-	input       []byte
-	runLive     bool // running, or finished and not expired
-	leaseLive   bool
-	leaseLeft   int32 // seconds, rounded up
-	attempts    int
-	token       *pgtype.UUID
-	created     int64
-	lastError   string
-	expiredFor  float64 // seconds since the lease expired (negative while live)
-	trace       string
-}
-
-func (e *Engine) lookup(ctx context.Context, q store.Querier, key idem.Key) (keyRow, bool, error) {
-	var r keyRow
-	err := q.QueryRow(ctx, e.st.Runs.Lookup, key.Scope, key.ID).Scan(&r.keyWorkflow, &r.keyLive, &r.state, &r.fingerprint,
-		&r.output, &r.input, &r.runLive, &r.leaseLive, &r.leaseLeft, &r.attempts, &r.token, &r.created, &r.lastError,
-		&r.expiredFor, &r.trace)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return r, false, nil
-	}
-	if err != nil {
-		return r, false, fmt.Errorf("workflow: error looking up key: %w", err)
-	}
-	return r, true, nil
-}
+// Bounds of the start contract: the passes of one call (each settles it, or saw the key change
+// under it), and how long a call waits for the in-flight lock of its own lost start.
+const (
+	maxPasses     = 5
+	lostStartWait = 5 * time.Second
+	maxRestarts   = 5 // restarts of one execution from its history; past it the run stops
+)
 
 // reusable reports whether the key has finished and expired, so that a new run may take it.
-func (r *keyRow) reusable() bool {
-	if r.keyWorkflow == nil {
-		return !r.keyLive
+func reusable(kr store.KeyRun) bool {
+	if kr.KeyWorkflow == nil {
+		return !kr.KeyLive
 	}
-	return r.state != nil && store.RunState(*r.state) != store.RunRunning && !r.runLive
+	return kr.State != nil && *kr.State != store.RunRunning && !kr.RunLive
 }
 
 // claimed says why a key that is not reusable cannot be started as a run of workflow name with
 // this fingerprint: it belongs to Do, to another workflow, or to other input. nil if it is this
 // run.
-func (r *keyRow) claimed(name string, key idem.Key, fingerprint []byte) error {
+func claimed(kr store.KeyRun, name string, key idem.Key, fingerprint []byte) error {
 	switch {
-	case r.keyWorkflow == nil:
+	case kr.KeyWorkflow == nil:
 		return fmt.Errorf("%w: key %q in scope %q belongs to idem.Do, not to a run of workflow %q; use a key of its own for each (for example %q)",
 			idem.ErrMismatch, key.ID, key.Scope, name, key.ID+":"+name)
-	case *r.keyWorkflow != name:
-		return fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not %q; use a new key", idem.ErrMismatch, key.ID, key.Scope, *r.keyWorkflow, name)
-	case r.state == nil:
+	case *kr.KeyWorkflow != name:
+		return fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not %q; use a new key", idem.ErrMismatch, key.ID, key.Scope, *kr.KeyWorkflow, name)
+	case kr.State == nil:
 		return fmt.Errorf("workflow: key %q in scope %q names a run of %q that has no row in idem_runs (was it deleted by hand?); delete the key's row in idem_keys too, or use a new key", key.ID, key.Scope, name)
-	case r.fingerprint != nil && !bytes.Equal(r.fingerprint, fingerprint):
-		return fmt.Errorf("%w: key %q in scope %q was first used with another input; use a new key for a new request", idem.ErrMismatch, key.ID, key.Scope)
+	case kr.Fingerprint != nil && !bytes.Equal(kr.Fingerprint, fingerprint):
+		return fmt.Errorf("%w: key %q in scope %q was first used by workflow %q with another input; use a new key for a new request", idem.ErrMismatch, key.ID, key.Scope, name)
 	}
 	return nil
 }
@@ -189,258 +226,253 @@ func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fi
 	}
 }
 
-// tryRun settles one call: it runs the workflow (replayed false), or answers from what is stored
-// (replayed true), or says why not.
+// tryRun settles one call, the start contract: the run's first transaction opens with the key's
+// in-flight lock, the run's row and a read of the key, in one round trip, and only a call that
+// started the run (or took over one whose owner died) runs workflow code. A replay, a duplicate
+// in flight and a mismatch are answered from that read, before any code runs. It returns the
+// output (replayed false when this call produced it), or the stored failure, or why not.
 func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, timeout time.Duration) (out []byte, replayed bool, err error) {
-	lease := e.cfg.Lease.Microseconds()
-	timeoutArg := timeoutMicros(timeout)
 	name := def.Name()
-	trace := nullable(traceparent(ctx))
-	// Each pass either settles the call or saw the row change under it (created by a
-	// concurrent start, deleted by the reaper, taken over by another process); a handful of
-	// passes is plenty.
-	//
-	// When runs fold (see fold.go) the first pass does not look the key up: it runs the
-	// workflow, whose first step writes the run's row if the key is free, and a key that is
-	// taken comes back as errKeyTaken, to be looked up on the next pass. A fresh run saves a
-	// round trip; a call with a key that is taken runs the workflow's code up to its first step
-	// (code that must be free of effects, like all the code between steps) before it is
-	// answered.
-	var startLost time.Time // when this call's own start was lost with its COMMIT (see reload)
-	for pass := 0; pass < 5 || (!startLost.IsZero() && time.Since(startLost) < 5*time.Second); pass++ {
-		token := newToken()
-		var created int64
-		var (
-			row   keyRow
-			found bool
-			err   error
-		)
-		if pass > 0 || e.pool() == nil {
-			if row, found, err = e.lookup(ctx, e.db, key); err != nil {
-				return nil, false, err
-			}
+	token := newToken() // one per call, so that a pass can recognise a start of an earlier pass that landed
+	start := store.RunStartParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: name, Input: input, Token: token,
+		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout}
+	var lost time.Time // when a start of this call's was lost with its COMMIT (see below)
+	inFlight := func(after time.Duration) error {
+		return &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, after)}
+	}
+	for pass := 0; ; pass++ {
+		if pass >= maxPasses && (lost.IsZero() || time.Since(lost) >= lostStartWait) {
+			return nil, false, inFlight(time.Second)
 		}
-		if !found && e.pool() != nil {
-			// A new run. Its row is written with its first step (see fold.go); a key taken
-			// meanwhile comes back as errKeyTaken, and is looked up again.
-			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, token: token, attempt: 1, next: 1, timeout: timeout,
-				pendingStart: &pendingStart{fingerprint: fingerprint, input: input, trace: trace}}
-			rs.startClock(0)
-			out, err := e.execute(ctx, rs, input)
-			if !errors.Is(err, errKeyTaken) {
-				return out, false, err
+		rs := e.newRun(def, key.Scope, key.ID, token)
+		row, err := rs.tx.startRun(ctx, start)
+		if err != nil {
+			return nil, false, fmt.Errorf("workflow: error starting run: %w", err)
+		}
+		kr := row.KeyRun
+		if !row.Started && row.Locked && kr.Found && reusable(kr) {
+			// A key that finished and expired is a new key: the run takes it in the same
+			// transaction, which holds its lock.
+			r, ok, err := rs.tx.replace(ctx, store.RunReplaceParams{RunStartParams: start, Leased: true})
+			if err != nil {
+				rs.tx.rollback(ctx)
+				return nil, false, fmt.Errorf("workflow: error reusing expired key: %w", err)
 			}
-			if rs.startLost || !startLost.IsZero() {
-				// The COMMIT that would have started the run never arrived, and the backend
-				// of that transaction may still hold the key's lock while it goes away: the
-				// key is taken by this call's own dead attempt, not by a duplicate. Give the
-				// server a moment to release it, for up to five seconds.
-				if startLost.IsZero() {
-					startLost = time.Now()
+			row.Started, row.Created = ok, r.Created
+		}
+		if row.Started {
+			rs.created, rs.attempt, rs.timeout = row.Created, 1, timeout
+			rs.startClock(row.Created)
+			res := e.execute(ctx, rs, input)
+			if res.kind == outStartLost {
+				// The COMMIT that would have started the run failed or was lost: start over.
+				// If it was lost, its backend may hold the key's lock while it goes away, and
+				// the next pass waits for that instead of calling it a duplicate.
+				if lost.IsZero() {
+					lost = time.Now()
 				}
+				continue
+			}
+			return res.output, false, res.err
+		}
+		rs.tx.rollback(ctx)
+
+		switch {
+		case !kr.Found || reusable(kr):
+			if row.Locked {
+				continue // written, or taken, after the statement's snapshot: look again
+			}
+			// Another transaction holds the key's lock: a start that has not committed yet, an
+			// idem.Do running now, or the backend of a start of this call's that was lost.
+			if !lost.IsZero() && time.Since(lost) < lostStartWait {
 				if err := backoff.Sleep(ctx, 20*time.Millisecond); err != nil {
 					return nil, false, fmt.Errorf("workflow: gave up waiting for the lock of a lost start: %w", err)
 				}
-			}
-			continue
-		}
-		if !found {
-			err := e.db.QueryRow(ctx, e.st.Runs.Start, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace,
-				store.LockID(e.cfg.Schema, key.Scope, key.ID), timeoutArg).Scan(&created)
-			if errors.Is(err, pgx.ErrNoRows) {
 				continue
 			}
-			if err != nil {
-				return nil, false, fmt.Errorf("workflow: error starting run: %w", err)
-			}
-			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1, timeout: timeout}
-			rs.startClock(created)
-			out, err := e.execute(ctx, rs, input)
-			return out, false, err
+			return nil, false, inFlight(time.Second)
 		}
-		if row.reusable() {
-			var leaseAt int64
-			err := e.db.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, name, input, token, e.owner, lease, trace, 1, true, timeoutArg).Scan(&created, &leaseAt)
-			if errors.Is(err, pgx.ErrNoRows) {
-				continue
-			}
-			if err != nil {
-				return nil, false, fmt.Errorf("workflow: error reusing expired key: %w", err)
-			}
-			rs := &runState{e: e, def: def, scope: key.Scope, id: key.ID, created: created, token: token, attempt: 1, next: 1, timeout: timeout}
-			rs.startClock(created)
-			out, err := e.execute(ctx, rs, input)
-			return out, false, err
-		}
-		if err := row.claimed(name, key, fingerprint); err != nil {
+		if err := claimed(kr, name, key, fingerprint); err != nil {
 			return nil, false, err
 		}
-		state := store.RunState(*row.state)
-		if state.Finished() {
-			return storedOutcome(name, key, state, row.output)
-		}
-		switch state {
-		case store.RunSleeping, store.RunAwaiting:
-			// Waiting for a River job to wake it; whoever runs that job finishes the run.
-			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
-		}
+		state := *kr.State
 		switch {
-		case row.leaseLive:
-			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, time.Duration(row.leaseLeft)*time.Second)}
-		case row.attempts >= e.cfg.MaxAttempts:
+		case state.Finished():
+			out, _, err := storedOutcome(name, key, state, kr.Output)
+			return out, lost.IsZero(), err // after a lost COMMIT that landed, the outcome is this call's
+		case kr.Token != nil && *kr.Token == token:
+			// A start of an earlier pass did commit, without this call hearing of it: the run is
+			// this call's, and goes on from its history.
+			rs := e.newRun(def, key.Scope, key.ID, token)
+			rs.created, rs.attempt = kr.Created, kr.Attempts
+			rs.markCommitted()
+			rs.setClock(kr.Now, kr.Deadline)
+			if rs.history, err = e.history(ctx, key.Scope, key.ID); err != nil {
+				return nil, false, err
+			}
+			res := e.execute(ctx, rs, input)
+			return res.output, false, res.err
+		case state.Waiting():
+			// Waiting for a River job to wake it; whoever runs that job finishes the run.
+			return nil, false, inFlight(time.Second)
+		case kr.LeaseLive:
+			return nil, false, inFlight(kr.LeaseLeft)
+		case kr.Attempts >= e.cfg.MaxAttempts:
 			// Out of attempts: the recovery jobs hand it to the reconcile hook.
-			return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: e.cfg.ScanInterval}
+			return nil, false, inFlight(e.cfg.ScanInterval)
 		}
-		rs, stored, err := e.takeOver(ctx, def, key.Scope, key.ID, row.token, "call")
+		rs, stored, err := e.takeOver(ctx, def, key.Scope, key.ID, kr.Token, "call")
 		if err != nil {
 			return nil, false, err
 		}
 		if rs == nil {
-			continue
+			continue // another process took it first
 		}
 		e.log.InfoContext(ctx, "workflow: taking over run whose lease expired", "workflow", name, "scope", key.Scope, "id", key.ID,
-			"attempt", rs.attempt, "lease_expired_for", time.Duration(row.expiredFor*float64(time.Second)).Round(time.Millisecond))
-		out, err := e.execute(ctx, rs, stored)
-		return out, false, err
+			"attempt", rs.attempt, "lease_expired_for", kr.ExpiredFor.Round(time.Millisecond))
+		res := e.execute(ctx, rs, stored)
+		return res.output, false, res.err
 	}
-	return nil, false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
-}
-
-// nullable turns "" into NULL.
-func nullable(s string) any {
-	if s == "" {
-		return nil
-	}
-	return s
 }
 
 // takeOver takes the lease of a run whose lease expired, if it still has token old, and loads
 // its history. It returns a nil runState when another process was faster.
 // by says who takes it: "job" (a resume job) or "call" (a call of Workflow.Run).
 func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *pgtype.UUID, by string) (*runState, []byte, error) {
-	rs, input, _, err := e.claim(ctx, def, scope, id, e.st.Runs.Takeover, func(token pgtype.UUID) []any {
-		return []any{scope, id, token, old, e.cfg.Lease.Microseconds(), e.owner}
-	})
+	rs := e.newRun(def, scope, id, newToken())
+	c, ok, err := e.st.RunTakeover(ctx, e.db, rs.lease(), old, e.owner, e.cfg.Lease)
 	if err != nil {
 		return nil, nil, fmt.Errorf("workflow: error taking over run: %w", err)
 	}
-	if rs == nil {
+	if !ok {
 		return nil, nil, nil
 	}
+	rs.claimed(c)
 	// The history is read after the lease is ours: no other process can add a step now, so the
 	// history cannot grow behind our back.
 	if rs.history, err = e.history(ctx, scope, id); err != nil {
 		return nil, nil, err
 	}
 	e.countResume(ctx, def.Name(), by)
-	return rs, input, nil
+	return rs, c.Input, nil
 }
 
-// claim takes a run's lease with stmt (Runs.Takeover or Waits.Wake, which both return
-// store.ClaimReturning), given the new token by args. It returns a nil runState when the statement found
-// nothing to take (another process was faster), and the run's input and trace context.
-func (e *Engine) claim(ctx context.Context, def Definition, scope, id, stmt string, args func(token pgtype.UUID) []any) (*runState, []byte, string, error) {
-	rs := &runState{e: e, def: def, scope: scope, id: id, token: newToken(), next: 1}
-	var (
-		input    []byte
-		trace    string
-		now      int64
-		deadline *int64
-	)
-	err := e.db.QueryRow(ctx, stmt, args(rs.token)...).Scan(&rs.attempt, &input, &rs.created, &trace, &now, &deadline)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil, "", nil
-	}
-	if err != nil {
-		return nil, nil, "", err
-	}
-	rs.setClock(now, deadline)
-	return rs, input, trace, nil
+// claimed sets up a run whose lease this process took (a takeover, a wake-up).
+func (rs *runState) claimed(c store.Claim) {
+	rs.attempt, rs.created = c.Attempts, c.Created
+	rs.markCommitted()
+	rs.setClock(c.Now, c.Deadline)
 }
 
 // history reads a run's completed steps.
-func (e *Engine) history(ctx context.Context, scope, id string) ([]stepRecord, error) {
-	rows, err := e.db.Query(ctx, e.st.Runs.History, scope, id)
-	if err != nil {
-		return nil, fmt.Errorf("workflow: error reading run history: %w", err)
-	}
-	history, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stepRecord, error) {
-		var s stepRecord
-		err := r.Scan(&s.seq, &s.name, &s.kind, &s.output, &s.errMsg, &s.attempts)
-		return s, err
-	})
+func (e *Engine) history(ctx context.Context, scope, id string) ([]store.StepRecord, error) {
+	history, err := e.st.RunHistory(ctx, e.db, scope, id)
 	if err != nil {
 		return nil, fmt.Errorf("workflow: error reading run history: %w", err)
 	}
 	for i, s := range history {
-		if s.seq != i+1 {
+		if s.Seq != i+1 {
 			return nil, fmt.Errorf("workflow: history of key %q in scope %q has a gap at step #%d", id, scope, i+1)
 		}
 	}
 	return history, nil
 }
 
-// execute runs the workflow function under rs's lease and stores how it ended. It returns the
-// stored output, a *FailedError, or the error that stopped it without an outcome. A held step
-// that could not commit for a reason a rerun fixes makes it start over from the committed
-// history, in this process, a few times. A run cancelled under it returns a *CancelledError.
-func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) ([]byte, error) {
-	out, err := e.executeRestarting(ctx, rs, input)
-	return out, e.cancelledOutcome(ctx, rs, err)
+// outcomeKind is how an execution of a run ended.
+type outcomeKind int
+
+const (
+	// outFinished: the run's outcome is stored, output for done, err for failed, cancelled or
+	// timed out.
+	outFinished outcomeKind = iota + 1
+	// outSuspended: the run waits; err is an *idem.InFlightError.
+	outSuspended
+	// outStopped: nothing final is stored; err says why. A run whose row is committed is
+	// resumed later; one whose start never committed is gone, and its key is free.
+	outStopped
+	// outRestart: a held step's commit failed in a way that running again from the history
+	// fixes (execute does so).
+	outRestart
+	// outStartLost: the transaction that carried the run's start failed to commit, so the run
+	// does not exist (or may exist, when its COMMIT's answer was lost): tryRun starts over.
+	outStartLost
+)
+
+// outcome is what an execution of a run ends with: the explicit result that every way out of
+// executeOnce returns.
+type outcome struct {
+	kind   outcomeKind
+	output []byte
+	err    error
 }
 
-func (e *Engine) executeRestarting(ctx context.Context, rs *runState, input []byte) ([]byte, error) {
+func finished(output []byte, err error) outcome {
+	return outcome{kind: outFinished, output: output, err: err}
+}
+
+// execute runs the workflow function under rs's lease until it has an outcome. A held step that
+// could not commit for a reason a rerun fixes makes it start over from the committed history, in
+// this process, a few times. A run cancelled under it ends with a *CancelledError.
+func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) outcome {
 	for restarts := 0; ; restarts++ {
-		out, err := e.executeOnce(ctx, rs, input)
-		if !errors.Is(err, errRestart) || restarts >= maxRestarts {
-			if errors.Is(err, errRestart) {
-				return nil, e.abandon(ctx, rs, &machineryError{err})
-			}
-			return out, err
-		}
-		out, finished, rerr := e.reload(ctx, rs)
+		out := e.executeOnce(ctx, rs, input)
 		switch {
-		case rerr != nil && (errors.Is(rerr, ErrFailed) || errors.Is(rerr, ErrCancelled) || errors.Is(rerr, ErrDeadlineExceeded)):
-			return nil, rerr
-		case rerr != nil:
-			return nil, e.abandon(ctx, rs, &machineryError{rerr})
-		case finished:
-			return out, nil
+		case out.kind != outRestart:
+			return out
+		case !rs.isCommitted():
+			return outcome{kind: outStartLost, err: out.err}
+		case restarts >= maxRestarts:
+			return e.abandon(ctx, rs, &machineryError{out.err})
+		}
+		if res, done := e.reload(ctx, rs); done {
+			return res
 		}
 	}
 }
 
 func idemKey(rs *runState) idem.Key { return idem.Key{Scope: rs.scope, ID: rs.id} }
 
-func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ([]byte, error) {
+// executeOnce calls the workflow function once, and stores how it ended: its output, its
+// failure, a timeout. The function's own error is the run's failure only when nothing ended the
+// execution first (rs.ending).
+func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) outcome {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	rs.cancel = cancel
 	runCtx = context.WithValue(runCtx, runKey{}, rs)
 
 	stopHeartbeat := e.heartbeat(runCtx, rs)
-	out, ferr := callSafely(runCtx, rs.def, input)
+	out, ferr, panicked := callSafely(runCtx, rs.def, input)
 	stopHeartbeat()
 
+	if panicked != nil && !rs.isCommitted() {
+		// Nothing of the run is committed: roll its transaction back, so that the key is free
+		// again, and let the panic go on, as it would from any function.
+		rs.tx.rollback(ctx)
+		panic(panicked)
+	}
 	var mErr *machineryError
-	switch stopped := rs.stopped(); {
-	case errors.Is(stopped, errRestart), errors.Is(stopped, errKeyTaken):
-		rs.rollbackHeld(ctx)
-		return nil, stopped
-	case errors.Is(stopped, errSuspended):
-		rs.rollbackHeld(ctx) // nothing is held: the suspension committed what was
-		return nil, rs.suspendedError()
-	case errors.Is(stopped, errDeadline):
-		return nil, rs.timeOut(ctx)
-	case stopped != nil:
-		return nil, e.abandon(ctx, rs, stopped)
+	if end := rs.ending(); end != nil {
+		switch end.kind {
+		case endRestart:
+			rs.tx.rollback(ctx)
+			return outcome{kind: outRestart, err: end.err}
+		case endSuspended:
+			rs.tx.rollback(ctx) // nothing is open: the suspension committed what was
+			return outcome{kind: outSuspended, err: rs.suspendedError()}
+		case endDeadline:
+			return rs.timeOut(ctx)
+		}
+		return e.abandon(ctx, rs, end.err)
+	}
+	switch {
 	case context.Cause(runCtx) != nil:
-		return nil, e.abandon(ctx, rs, context.Cause(runCtx))
+		return e.abandon(ctx, rs, context.Cause(runCtx))
 	case errors.As(ferr, &mErr):
-		return nil, e.abandon(ctx, rs, ferr)
+		return e.abandon(ctx, rs, ferr)
 	case rs.next-1 < len(rs.history):
 		s := rs.history[rs.next-1]
-		return nil, e.abandon(ctx, rs, &NonDeterminismError{Workflow: rs.def.Name(), Seq: s.seq, Stored: s.kind + ":" + s.name})
+		return e.abandon(ctx, rs, &NonDeterminismError{Workflow: rs.def.Name(), Seq: s.Seq, Stored: s.Kind + ":" + s.Name})
 	}
 
 	state, result := store.RunDone, out
@@ -448,67 +480,156 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ([
 		state, result = store.RunFailed, encodeFailure(ferr.Error())
 	}
 	if err := rs.finish(ctx, state, result); err != nil {
-		rs.rollbackHeld(ctx)
-		return nil, err
+		if end := rs.ending(); end != nil && end.kind == endRestart {
+			return outcome{kind: outRestart, err: end.err}
+		}
+		return e.abandon(ctx, rs, err)
 	}
 	if ferr != nil {
-		return nil, failedFromStored(rs.def.Name(), idem.Key{Scope: rs.scope, ID: rs.id}, result)
+		return finished(nil, failedFromStored(rs.def.Name(), idemKey(rs), result))
 	}
-	return out, nil
+	return finished(out, nil)
+}
+
+// finish stores the run's outcome with the COMMIT of whatever is open (the last step's
+// transaction, or one opened for it and the pending checkpoints). A lost lease is ErrLeaseLost.
+func (rs *runState) finish(ctx context.Context, state store.RunState, result []byte) error {
+	fin := rs.e.st.RunFinish(store.RunFinishParams{LeaseParams: rs.lease(), State: state, Output: result, TTL: rs.e.cfg.TTL})
+	err := rs.tx.commit(ctx, txctl.Deferred{SQL: fin.SQL, Args: fin.Args, MapErr: func(err error) error {
+		if store.IsFinishFenceError(err) {
+			return rs.stop(fmt.Errorf("workflow: error storing the run's outcome: %w", ErrLeaseLost))
+		}
+		return err
+	}})
+	if err != nil {
+		return rs.commitFailed(ctx, "(the run's outcome)", err)
+	}
+	return nil
+}
+
+// boundary is called before each step that runs (not one replayed from the history): it commits
+// what the run's open transaction holds, unless the step is a Tx step and the transaction holds
+// only the run's start, which the step shares. A Call's derived key needs the run's creation
+// committed, and a wait commits on its own.
+func (rs *runState) boundary(ctx context.Context, inPostgres bool) error {
+	rt := rs.tx
+	if !rt.open() || (inPostgres && rt.clean) {
+		return nil
+	}
+	label := rt.step
+	if label == "" {
+		label = "(the run's start)"
+	}
+	if err := rt.commit(ctx); err != nil {
+		return rs.commitFailed(ctx, label, err)
+	}
+	return nil
+}
+
+// commitFailed ends the execution after a failed COMMIT of the run's transaction, and returns why.
+// The output of the step in it has gone to the workflow already: when the commit failed in a way
+// a rerun fixes, or may have landed, the run starts over from what is stored.
+func (rs *runState) commitFailed(ctx context.Context, label string, err error) error {
+	if stopped := rs.stopped(); stopped != nil {
+		return stopped // a queued write's own mapping (a lost lease) has spoken
+	}
+	if tx.IsRetryable(err) || (errors.Is(err, tx.ErrCommitUnknown) && !rs.e.dbGone(ctx)) {
+		return rs.endWith(endRestart, fmt.Errorf("%w: %w", errRestart, err))
+	}
+	return rs.stop(&machineryError{fmt.Errorf("workflow: error committing %s: %w", label, err)})
+}
+
+// dbGone reports whether the database does not answer at all, so that starting over now is
+// pointless and the run is better left to its lease.
+func (e *Engine) dbGone(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := e.db.Exec(pctx, "SELECT 1")
+	return err != nil
+}
+
+// reload prepares rs to run the workflow again from what is stored, after a restart. done is true
+// when there is nothing to run again: the run turned out finished (a COMMIT that carried its
+// outcome had landed), or no longer this process's.
+func (e *Engine) reload(ctx context.Context, rs *runState) (outcome, bool) {
+	kr, err := e.st.RunLookup(ctx, e.db, rs.scope, rs.id)
+	if err != nil {
+		return e.abandon(ctx, rs, &machineryError{fmt.Errorf("workflow: error looking up key: %w", err)}), true
+	}
+	switch {
+	case !kr.Found || kr.State == nil:
+		return e.abandon(ctx, rs, fmt.Errorf("workflow: run of key %q in scope %q is gone: %w", rs.id, rs.scope, ErrLeaseLost)), true
+	case kr.State.Finished():
+		out, _, err := storedOutcome(rs.def.Name(), idemKey(rs), *kr.State, kr.Output)
+		return finished(out, err), true
+	case kr.Token == nil || *kr.Token != rs.token:
+		return e.abandon(ctx, rs, fmt.Errorf("workflow: run of key %q in scope %q has another owner: %w", rs.id, rs.scope, ErrLeaseLost)), true
+	}
+	history, err := e.history(ctx, rs.scope, rs.id)
+	if err != nil {
+		return e.abandon(ctx, rs, &machineryError{err}), true
+	}
+	rs.mu.Lock()
+	rs.history, rs.created, rs.next, rs.busy, rs.end = history, kr.Created, 1, "", nil
+	rs.mu.Unlock()
+	rs.tx.pending = nil
+	return outcome{}, false
 }
 
 // abandon ends this process's part in a run without storing an outcome. The lease is left to
 // expire, so the run is resumed by the recovery scan; for errors a retry will not fix by itself,
-// the reason is recorded for the operator and the reconcile hook.
-func (e *Engine) abandon(ctx context.Context, rs *runState, err error) error {
-	rs.rollbackHeld(ctx)
-	if !rs.started() {
-		return fmt.Errorf("workflow: run of %q (key %q in scope %q) stopped before its first step could be written: %w", rs.def.Name(), rs.id, rs.scope, err)
+// the reason is recorded for the operator and the reconcile hook. A run whose start never
+// committed leaves nothing behind, and its key is free.
+func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
+	rs.tx.rollback(ctx)
+	if !rs.isCommitted() {
+		return outcome{kind: outStopped, err: fmt.Errorf("workflow: run of %q (key %q in scope %q) stopped before its first step could be written; nothing of it was kept and its key is free: %w",
+			rs.def.Name(), rs.id, rs.scope, err)}
 	}
-	if len(rs.pending) > 0 && !errors.Is(err, ErrLeaseLost) {
+	if !errors.Is(err, ErrLeaseLost) {
 		// The Calls that completed are worth keeping: a resume then need not run them again.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		for _, d := range rs.pending {
-			// Fenced here: on its own, the write must check the lease itself.
-			if _, perr := e.db.Exec(sctx, e.st.Runs.Checkpoint, d.Args...); perr != nil {
-				break
-			}
+		if ferr := rs.tx.flushFenced(sctx); ferr != nil {
+			e.log.DebugContext(ctx, "workflow: error keeping the checkpoints of a stopped run", "scope", rs.scope, "id", rs.id, "error", ferr)
 		}
 		cancel()
-		rs.pending = nil
 	}
 	var nd *NonDeterminismError
 	var mErr *machineryError
 	if errors.As(err, &nd) || (errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost)) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, serr := e.db.Exec(sctx, e.st.Runs.Stuck, rs.scope, rs.id, rs.token, err.Error()); serr != nil {
+		if serr := e.st.RunStuck(sctx, e.db, rs.lease(), err.Error()); serr != nil {
 			e.log.WarnContext(ctx, "workflow: error recording why a run stopped", "scope", rs.scope, "id", rs.id, "error", serr)
 		}
+		cancel()
 	}
 	if errors.Is(err, ErrLeaseLost) {
 		// A cancel takes the lease away too; only the stored state tells it from a takeover.
 		if cancelled := e.cancelledOutcome(ctx, rs, err); errors.Is(cancelled, ErrCancelled) {
-			return cancelled
+			return finished(nil, cancelled)
 		}
 		e.log.WarnContext(ctx, "workflow: run lost its lease and stopped; another process owns it now", "workflow", rs.def.Name(),
 			"scope", rs.scope, "id", rs.id, "attempt", rs.attempt, "error", err)
 	}
 	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNonDeterminism) {
-		return err
+		return outcome{kind: outStopped, err: err}
 	}
-	return fmt.Errorf("workflow: run of %q (key %q in scope %q) stopped before its end and will be resumed: %w", rs.def.Name(), rs.id, rs.scope, err)
+	return outcome{kind: outStopped, err: fmt.Errorf("workflow: run of %q (key %q in scope %q) stopped before its end and will be resumed: %w",
+		rs.def.Name(), rs.id, rs.scope, err)}
 }
 
-// callSafely turns a panic in the workflow function into an error that stops the run without
-// failing it: a panic is a bug, and a deploy that fixes it should find the run still resumable.
-func callSafely(ctx context.Context, def Definition, input []byte) (out []byte, err error) {
+// callSafely calls the workflow function. A panic in it comes back as panicked, and as an error
+// that stops the run without failing it: a panic is a bug, and a deploy that fixes it should find
+// the run still resumable. (executeOnce lets a panic go on when nothing of the run is committed.)
+func callSafely(ctx context.Context, def Definition, input []byte) (out []byte, err error, panicked any) {
 	defer func() {
 		if r := recover(); r != nil {
+			panicked = r
 			err = &machineryError{fmt.Errorf("workflow %q panicked: %v\n%s", def.Name(), r, debug.Stack())}
 		}
 	}()
-	return def.call(ctx, input)
+	out, err = def.call(ctx, input)
+	return out, err, nil
 }
 
 // heartbeat renews rs's lease every Lease/3 until the returned function is called. When the
@@ -534,16 +655,16 @@ func (e *Engine) heartbeat(ctx context.Context, rs *runState) (stop func()) {
 				return
 			case <-ticker.C:
 			}
-			if !rs.committed() {
+			if !rs.isCommitted() {
 				renewed = time.Now() // nothing to renew yet: the run's row is not committed
 				continue
 			}
 			sent := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, interval)
-			tag, err := e.db.Exec(rctx, e.st.Runs.Renew, rs.scope, rs.id, rs.token, e.cfg.Lease.Microseconds())
+			ok, err := e.st.RunRenew(rctx, e.db, rs.lease(), e.cfg.Lease)
 			cancel()
 			switch {
-			case err == nil && tag.RowsAffected() == 1:
+			case err == nil && ok:
 				renewed = sent
 			case err == nil:
 				rs.stop(ErrLeaseLost)

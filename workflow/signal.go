@@ -82,7 +82,7 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 	if name == "" || len(name) > 255 {
 		return nil, errors.New("workflow: signal name must be 1 to 255 bytes")
 	}
-	var dedupe any
+	var dedupe string
 	if opts != nil && opts.DedupeID != "" {
 		if len(opts.DedupeID) > 255 {
 			return nil, fmt.Errorf("workflow: SignalOpts.DedupeID cannot be longer than 255 bytes (got %d)", len(opts.DedupeID))
@@ -97,33 +97,24 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 	if err != nil {
 		return nil, err
 	}
-	var (
-		state     string
-		awaits    bool
-		waitSeq   int
-		created   int64
-		suspended int64
-		seq       *int64
-	)
-	err = t.QueryRow(ctx, e.st.Waits.Signal, key.Scope, key.ID, name, data, dedupe).Scan(&state, &awaits, &waitSeq, &created, &seq, &suspended)
-	if errors.Is(err, pgx.ErrNoRows) {
+	sig, found, err := e.st.SignalSend(ctx, t, store.SignalParams{Scope: key.Scope, ID: key.ID, Name: name, Payload: data, DedupeID: dedupe})
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("workflow: error recording signal: %w", e.tablesError(err))
+	case !found:
 		return nil, fmt.Errorf("%w: cannot signal %q to key %q in scope %q", ErrRunNotFound, name, key.ID, key.Scope)
+	case sig.State.Finished():
+		return nil, fmt.Errorf("%w: cannot signal %q to key %q in scope %q, which is %s", ErrRunFinished, name, key.ID, key.Scope, sig.State)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("workflow: error recording signal: %w", err)
+	res := &SignalResult{Duplicate: sig.Seq == nil}
+	if sig.Seq != nil {
+		res.Seq = *sig.Seq
 	}
-	if store.RunState(state).Finished() {
-		return nil, fmt.Errorf("%w: cannot signal %q to key %q in scope %q, which is %s", ErrRunFinished, name, key.ID, key.Scope, state)
-	}
-	res := &SignalResult{Duplicate: seq == nil}
-	if seq != nil {
-		res.Seq = *seq
-	}
-	if awaits && seq != nil {
+	if sig.Awaits && sig.Seq != nil {
 		// Only a recorded signal wakes the run (a duplicate has nothing for it). The job is
 		// unique per suspension: a wake job of an earlier suspension at the same step, still
 		// running in River after the run went back to waiting, must not swallow this one.
-		args := WakeArgs{Scope: key.Scope, ID: key.ID, Generation: created, Seq: waitSeq, Reason: "signal", Suspended: suspended}
+		args := WakeArgs{Scope: key.Scope, ID: key.ID, Generation: sig.Created, Seq: sig.WaitSeq, Reason: "signal", Suspended: sig.Suspended}
 		if _, err := client.InsertTx(ctx, t, args, e.signalWakeOpts()); err != nil {
 			return nil, fmt.Errorf("workflow: error inserting the job that wakes the run: %w", err)
 		}

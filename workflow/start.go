@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // StartTx starts the run for key in the background, as part of t: the run and the River job
@@ -53,30 +54,31 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	if err := e.heldByDo(ctx, w.name, key); err != nil {
 		return err
 	}
-	trace := nullable(traceparent(ctx))
-	var generation int64
-	err = t.QueryRow(ctx, e.st.Runs.Enqueue, key.Scope, key.ID, fingerprint, w.name, input, trace, nil).Scan(&generation)
-	if errors.Is(err, pgx.ErrNoRows) {
-		var row keyRow
-		var found bool
-		if row, found, err = e.lookup(ctx, t, key); err != nil {
-			return err
-		}
+	p := store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: traceparent(ctx)}
+	generation, ok, err := e.st.RunEnqueue(ctx, t, p)
+	if err != nil {
+		return fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
+	}
+	if !ok {
+		kr, err := e.st.RunLookup(ctx, t, key.Scope, key.ID)
 		switch {
-		case !found:
+		case err != nil:
+			return fmt.Errorf("workflow: error looking up key: %w", err)
+		case !kr.Found:
 			return fmt.Errorf("workflow: key %q in scope %q was deleted while the run was being started; try again", key.ID, key.Scope)
-		case !row.reusable():
-			return row.claimed(w.name, key, fingerprint) // nil: this run, started before
+		case !reusable(kr):
+			return claimed(kr, w.name, key, fingerprint) // nil: this run, started before
 		}
 		// An expired, finished key is a new key, as for Run: take it, ownerless.
-		var created int64
-		err = t.QueryRow(ctx, e.st.Runs.Replace, key.Scope, key.ID, fingerprint, w.name, input, nil, nil, int64(0), trace, 0, false, nil).Scan(&created, &generation)
-		if errors.Is(err, pgx.ErrNoRows) {
+		r, ok, err := e.st.RunReplace(ctx, t, store.RunReplaceParams{RunStartParams: store.RunStartParams{Scope: key.Scope, ID: key.ID,
+			Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: p.Trace}})
+		switch {
+		case err != nil:
+			return fmt.Errorf("workflow: error starting run: %w", err)
+		case !ok:
 			return fmt.Errorf("workflow: key %q in scope %q changed while the run was being started; try again", key.ID, key.Scope)
 		}
+		generation = r.LeaseExpires
 	}
-	if err != nil {
-		return fmt.Errorf("workflow: error starting run: %w", err)
-	}
-	return e.insertResume(ctx, client, t, key, generation)
+	return e.insertResume(ctx, client, t, key, generation, resumeStarted)
 }

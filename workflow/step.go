@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -151,10 +152,11 @@ func stepKey(scope, id string, created int64, seq int, name string) string {
 }
 
 // RunStep runs one step of kind whose work happens outside Postgres (steps.Call is built on
-// it): body runs, with retries as opts say, and its output is then checkpointed in a
-// transaction of its own, fenced by the run's lease. If the run's history already holds the
-// step, body does not run and the stored output (or stored *StepError) is returned. Package
-// steps is the intended caller; use it unless you are writing a new kind of step.
+// it): body runs, with retries as opts say, and its output is then checkpointed, fenced by the
+// run's lease, with the run's next transaction (or at once, with StepOpts.CheckpointNow). If the
+// run's history already holds the step, body does not run and the stored output (or stored
+// *StepError) is returned. Package steps is the intended caller; use it unless you are writing a
+// new kind of step.
 //
 //	out, err := workflow.RunStep(ctx, "call", "charge", nil, func(ctx context.Context, info *workflow.StepInfo) ([]byte, error) {
 //		return json.Marshal(charge(ctx, info.Key))
@@ -165,7 +167,7 @@ func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(c
 		if err != nil {
 			return nil, err
 		}
-		if err := s.rs.checkpointCall(ctx, s, out, nil, s.checkpointNow); err != nil {
+		if err := s.rs.checkpointCall(ctx, s, out, s.checkpointNow); err != nil {
 			return nil, err
 		}
 		return out, nil
@@ -185,30 +187,7 @@ func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(c
 //	})
 func RunStepTx(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
 	return runStep(ctx, kind, name, opts, true, func(ctx context.Context, s *StepInfo) ([]byte, error) {
-		if s.rs.e.pool() != nil {
-			return s.rs.stepTxRetrying(ctx, s, body)
-		}
-		var out []byte
-		runs := 0
-		err := tx.Run(ctx, s.rs.e.db, func(ctx context.Context, t pgx.Tx) error {
-			runs++
-			if runs > 1 {
-				// An earlier COMMIT may have landed without us hearing of it: if so, it is
-				// the step's outcome, and running body again would do its writes twice.
-				if rec, ok, err := s.rs.storedStep(ctx, t, s.Seq); err != nil || ok {
-					out = rec.output
-					return err
-				}
-			}
-			tx.MarkIdempotent(t)
-			o, err := body(ctx, t, s)
-			if err != nil {
-				return err
-			}
-			out = o
-			return s.rs.checkpointTx(ctx, t, s, o, nil)
-		})
-		return out, err
+		return s.rs.stepTxRetrying(ctx, s, body)
 	})
 }
 
@@ -232,9 +211,9 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 	}
 
 	rs.mu.Lock()
-	if rs.stopErr != nil {
+	if rs.end != nil {
 		defer rs.mu.Unlock()
-		return nil, rs.stopErr
+		return nil, rs.end.err
 	}
 	if rs.busy != "" {
 		busy := rs.busy
@@ -253,29 +232,27 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 
 	if seq <= len(rs.history) {
 		rec := rs.history[seq-1]
-		if rec.name != name || rec.kind != kind {
-			return nil, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.kind + ":" + rec.name, Called: kind + ":" + name})
+		if rec.Name != name || rec.Kind != kind {
+			return nil, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.Kind + ":" + rec.Name, Called: kind + ":" + name})
 		}
 		_, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, true)
-		if rec.errMsg != nil {
-			err := &StepError{Step: name, Seq: seq, Attempts: rec.attempts, Message: *rec.errMsg}
+		if rec.Error != nil {
+			err := &StepError{Step: name, Seq: seq, Attempts: rec.Attempts, Message: *rec.Error}
 			span.end(0, err)
 			return nil, err
 		}
 		span.end(0, nil)
-		return rec.output, nil
+		return rec.Output, nil
 	}
 
 	if rs.deadlinePassed() {
-		return nil, rs.stop(errDeadline)
+		return nil, rs.endWith(endDeadline, errDeadline)
 	}
 	if err := rs.boundary(ctx, inPostgres); err != nil {
 		return nil, err
 	}
-	info := &StepInfo{Kind: kind, Name: name, Seq: seq, rs: rs, checkpointNow: cfg.CheckpointNow}
-	if rs.started() {
-		info.Key = stepKey(rs.scope, rs.id, rs.created, seq, name)
-	}
+	info := &StepInfo{Kind: kind, Name: name, Seq: seq, Key: stepKey(rs.scope, rs.id, rs.created, seq, name), rs: rs,
+		checkpointNow: cfg.CheckpointNow}
 	ctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, false)
 	out, err := rs.attempts(ctx, info, &cfg, inPostgres, span, attempt)
 	span.end(info.Attempt, err)
@@ -283,7 +260,7 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 }
 
 // attempts runs a step's attempts until one succeeds, the step fails for good (its failure is
-// then checkpointed), or the run stops.
+// then checkpointed), or the run stops. Each failed attempt is recorded (see recordAttempt).
 func (rs *runState) attempts(ctx context.Context, info *StepInfo, cfg *StepOpts, inPostgres bool, span *stepSpan, attempt func(ctx context.Context, s *StepInfo) ([]byte, error)) ([]byte, error) {
 	for n := 1; ; n++ {
 		info.Attempt = n
@@ -298,33 +275,28 @@ func (rs *runState) attempts(ctx context.Context, info *StepInfo, cfg *StepOpts,
 			span.attempt(ctx, started, "ok")
 			return out, nil
 		}
-		var mErr *machineryError
-		switch {
-		case rs.stopped() != nil:
+		if stop := rs.stopsRun(ctx, err, inPostgres); stop != nil {
 			span.attempt(ctx, started, "stopped")
-			return nil, rs.stopped()
-		case context.Cause(ctx) != nil:
-			span.attempt(ctx, started, "stopped")
-			return nil, rs.stop(context.Cause(ctx))
-		case errors.As(err, &mErr), errors.Is(err, tx.ErrCommitUnknown):
-			span.attempt(ctx, started, "stopped")
-			return nil, rs.stop(err)
-		case inPostgres && tx.IsConnectionLost(err):
-			// A step that works in Postgres and lost its connection has not failed: the run
-			// stops unstored, its lease runs out, and the recovery worker resumes it from this
-			// step. Storing the error would fail the run for good over a network blip.
-			span.attempt(ctx, started, "stopped")
-			return nil, rs.stop(err)
+			span.failed(ctx, n, store.AttemptStopped, err)
+			rs.recordStopped(ctx, info, err)
+			return nil, stop
 		}
 		span.attempt(ctx, started, "error")
-		if n >= cfg.MaxAttempts || isPermanent(err) {
+		outcome := store.AttemptRetried
+		switch {
+		case isPermanent(err):
+			outcome = store.AttemptPermanent
+		case n >= cfg.MaxAttempts:
+			outcome = store.AttemptFailed
+		}
+		span.failed(ctx, n, outcome, err)
+		if rerr := rs.recordAttempt(ctx, info, outcome, err); rerr != nil {
+			return nil, rerr
+		}
+		if outcome != store.AttemptRetried {
+			// The failure is the step's outcome: stored, so a resumed run gets it back.
 			msg := err.Error()
-			if cerr := rs.flushStart(ctx); cerr != nil {
-				return nil, cerr
-			}
-			if cerr := rs.checkpointCall(ctx, info, nil, &msg, false); cerr != nil {
-				return nil, cerr
-			}
+			rs.tx.queue(rs.checkpointParams(info, nil, &msg))
 			return nil, &StepError{Step: info.Name, Seq: info.Seq, Attempts: n, Message: msg}
 		}
 		span.retry(ctx, n, err)
@@ -334,8 +306,98 @@ func (rs *runState) attempts(ctx context.Context, info *StepInfo, cfg *StepOpts,
 	}
 }
 
-// stepTxRetrying runs a Tx step in a transaction the run holds (see fold.go), again when Postgres
-// reports a serialization failure or deadlock, as tx.Run would.
+// stopsRun says whether a failed attempt's error stops the run rather than fail the attempt, and
+// returns the error the step returns then.
+func (rs *runState) stopsRun(ctx context.Context, err error, inPostgres bool) error {
+	var mErr *machineryError
+	switch {
+	case rs.stopped() != nil:
+		return rs.stopped()
+	case context.Cause(ctx) != nil:
+		return rs.stop(context.Cause(ctx))
+	case errors.As(err, &mErr), errors.Is(err, tx.ErrCommitUnknown):
+		return rs.stop(err)
+	case inPostgres && tx.IsConnectionLost(err):
+		// A step that works in Postgres and lost its connection has not failed: the run stops
+		// unstored, its lease runs out, and the recovery worker resumes it from this step.
+		// Storing the error would fail the run for good over a network blip.
+		return rs.stop(err)
+	}
+	return nil
+}
+
+// maxAttemptError bounds the error text an attempt's row keeps.
+const maxAttemptError = 2 << 10
+
+// recordAttempt writes a failed attempt's row, so that an operator sees every attempt's error
+// (RunGet, idem runs show), not only the last. When the step shares the run's start transaction,
+// the row commits with the start: the run exists from here, and the next attempt runs in a
+// transaction of its own.
+func (rs *runState) recordAttempt(ctx context.Context, info *StepInfo, outcome store.AttemptOutcome, err error) error {
+	shared := rs.tx.open() && rs.tx.clean
+	rerr := rs.tx.record(ctx, rs.e.st.StepAttempt(rs.attemptParams(info, outcome, err)))
+	switch {
+	case rerr == nil:
+		return nil
+	case shared:
+		return rs.commitFailed(ctx, "the run's start with a failed attempt", rerr)
+	}
+	// The record is for the operator; the step goes on without it.
+	rs.e.log.WarnContext(ctx, "workflow: error recording a failed attempt", "workflow", rs.def.Name(), "scope", rs.scope, "id", rs.id,
+		"step", info.Name, "error", rerr)
+	return nil
+}
+
+// recordStopped records, as far as it can, the attempt during which the run stopped: the
+// database may be what stopped it. A run whose start is not committed leaves nothing behind.
+func (rs *runState) recordStopped(ctx context.Context, info *StepInfo, err error) {
+	if !rs.isCommitted() || rs.tx.open() {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	_, _ = rs.e.st.StepAttempt(rs.attemptParams(info, store.AttemptStopped, err)).Exec(sctx, rs.e.db)
+}
+
+func (rs *runState) attemptParams(info *StepInfo, outcome store.AttemptOutcome, err error) store.AttemptParams {
+	return store.AttemptParams{LeaseParams: rs.lease(), Seq: info.Seq, Name: info.Name, Kind: info.Kind, Attempt: info.Attempt,
+		Outcome: outcome, Error: clipError(err.Error(), maxAttemptError), Keep: rs.e.cfg.StepAttemptsKept}
+}
+
+// clipError cuts msg to at most n bytes, on a rune boundary, and says that it did.
+func clipError(msg string, n int) string {
+	if len(msg) <= n {
+		return msg
+	}
+	const more = " …(clipped)"
+	cut := n - len(more)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + more
+}
+
+// stepTx runs one attempt of a Tx step in the run's transaction (see runtx.go): body, then the
+// step's checkpoint queued for COMMIT, which waits for the run's next step or end. A failed
+// attempt's writes are undone.
+func (rs *runState) stepTx(ctx context.Context, s *StepInfo, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
+	t, _, err := rs.tx.forStep(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out, err := body(ctx, t, s)
+	if err == nil {
+		rs.tx.hold(rs.deferredCheckpoint(rs.e.st.StepCheckpoint(rs.checkpointParams(s, out, nil)), s.Name), s.Name)
+		return out, nil
+	}
+	if uerr := rs.tx.undoStep(ctx); uerr != nil {
+		return nil, rs.stop(&machineryError{uerr})
+	}
+	return nil, err
+}
+
+// stepTxRetrying runs a Tx step's attempt again when Postgres reports a serialization failure or
+// deadlock, as tx.Run would.
 func (rs *runState) stepTxRetrying(ctx context.Context, s *StepInfo, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
 	retry := backoff.Jitter{Min: 5 * time.Millisecond, Max: 500 * time.Millisecond}
 	for n := 1; ; n++ {
@@ -356,57 +418,46 @@ func isPermanent(err error) bool {
 	return errors.As(err, &r) && !r.Retryable()
 }
 
-// checkpointTx writes the step's row in t if rs still holds the lease. In a transaction of
-// tx.Run's, the write is sent with COMMIT, in the same round trip; its fence still stops the
-// step's writes from committing when the lease is lost. Otherwise it is written now, and a lost
-// lease stops the run with ErrLeaseLost (t must then be rolled back).
-func (rs *runState) checkpointTx(ctx context.Context, t pgx.Tx, s *StepInfo, output []byte, errMsg *string) error {
-	args := []any{rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg, s.Attempt}
-	if a, canDefer := txctl.From(t); canDefer {
-		a.Queue(txctl.Deferred{SQL: rs.e.st.Runs.Checkpoint, Args: args, MapErr: func(err error) error { return rs.checkpointError(s, err) }})
+// checkpointParams are the row of step s, built in one place for every kind of checkpoint.
+func (rs *runState) checkpointParams(s *StepInfo, output []byte, errMsg *string) store.CheckpointParams {
+	return store.CheckpointParams{LeaseParams: rs.lease(), Seq: s.Seq, Name: s.Name, Kind: s.Kind, Output: output, Error: errMsg,
+		Attempts: s.Attempt}
+}
+
+// deferredCheckpoint is a checkpoint queued for COMMIT, whose failure stops the run (a lost
+// lease) or reruns the transaction.
+func (rs *runState) deferredCheckpoint(s store.Stmt, step string) txctl.Deferred {
+	return txctl.Deferred{SQL: s.SQL, Args: s.Args, MapErr: func(err error) error { return rs.checkpointError(step, err) }}
+}
+
+// checkpointCall records a Call step's checkpoint: with the run's next transaction, or now (a
+// statement of its own, fenced) when the step asks for it.
+func (rs *runState) checkpointCall(ctx context.Context, s *StepInfo, output []byte, now bool) error {
+	p := rs.checkpointParams(s, output, nil)
+	if !now {
+		rs.tx.queue(p)
 		return nil
 	}
-	if _, err := t.Exec(ctx, rs.e.st.Runs.Checkpoint, args...); err != nil {
-		return rs.checkpointError(s, err)
-	}
-	return nil
-}
-
-// checkpointError turns a failed checkpoint into what stops (or retries) the step.
-func (rs *runState) checkpointError(s *StepInfo, err error) error {
-	switch {
-	case store.IsFenceError(err):
-		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", s.Name, ErrLeaseLost))
-	case tx.IsRetryable(err):
-		return err // tx.Run reruns the transaction
-	}
-	return &machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)}
-}
-
-// checkpoint writes the step's row on its own: one statement, so no transaction around it.
-// If its acknowledgement is lost, the run stops and a resume reads the history to see whether
-// it landed.
-func (rs *runState) checkpoint(ctx context.Context, s *StepInfo, output []byte, errMsg *string) error {
-	_, err := rs.e.db.Exec(ctx, rs.e.st.Runs.Checkpoint, rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, output, errMsg, s.Attempt)
-	if err != nil {
+	// One statement, so no transaction around it. If its acknowledgement is lost, the run stops
+	// and a resume reads the history to see whether it landed.
+	if _, err := rs.e.st.StepCheckpoint(p).Exec(ctx, rs.e.db); err != nil {
 		if store.IsFenceError(err) {
-			return rs.checkpointError(s, err)
+			return rs.checkpointError(s.Name, err)
 		}
 		return rs.stop(&machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)})
 	}
 	return nil
 }
 
-func (rs *runState) storedStep(ctx context.Context, t pgx.Tx, seq int) (stepRecord, bool, error) {
-	rec := stepRecord{seq: seq}
-	err := t.QueryRow(ctx, rs.e.st.Runs.Step, rs.scope, rs.id, seq).Scan(&rec.output, &rec.errMsg, &rec.attempts)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rec, false, nil
+// checkpointError turns a failed checkpoint into what stops (or retries) the step.
+func (rs *runState) checkpointError(step string, err error) error {
+	switch {
+	case store.IsFenceError(err):
+		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", step, ErrLeaseLost))
+	case tx.IsRetryable(err):
+		return err // the transaction is run again
 	}
-	if err != nil {
-		return rec, false, &machineryError{fmt.Errorf("workflow: error looking for step #%d: %w", seq, err)}
-	}
-	return rec, true, nil
+	return &machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", step, err)}
 }
 
 type storedFailure struct {

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 )
 
@@ -136,6 +137,15 @@ func (s *stepSpan) retry(ctx context.Context, attempt int, err error) {
 	}
 }
 
+// failed records a failed attempt on the step's span, with its error, as its row in the run's
+// failed attempts has it (see Engine.RunGet).
+func (s *stepSpan) failed(_ context.Context, attempt int, outcome store.AttemptOutcome, err error) {
+	if s.span.IsRecording() {
+		s.span.AddEvent("attempt failed", trace.WithAttributes(telemetry.Attempt.Int(attempt), attribute.String("idem.attempt.outcome", string(outcome)),
+			attribute.String("error", clipError(err.Error(), maxAttemptError))))
+	}
+}
+
 // end ends the step's span: attempt is the number of its last attempt in this process (0 for a
 // step replayed from the history).
 func (s *stepSpan) end(attempt int, err error) {
@@ -175,19 +185,13 @@ func (e *Engine) observeRuns() {
 	_, _ = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		rows, err := e.db.Query(ctx, e.st.Runs.CountByState)
+		counts, err := e.st.RunCountByState(ctx, e.db)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var state string
-			var n int64
-			if err := rows.Scan(&state, &n); err != nil {
-				return err
-			}
-			o.ObserveInt64(gauge, n, metric.WithAttributes(telemetry.State.String(state), schema))
+		for state, n := range counts {
+			o.ObserveInt64(gauge, n, metric.WithAttributes(telemetry.State.String(string(state)), schema))
 		}
-		return rows.Err()
+		return nil
 	}, gauge)
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/attribute"
@@ -26,10 +25,6 @@ import (
 // A wake job that finds the run no longer waiting at the step it was made for (woken already,
 // finished, cancelled, or a new run under a reused key) does nothing: stale jobs are harmless,
 // so a wait may leave several behind.
-
-// errSuspended stops a run that is now waiting: its process's part ends without an outcome, and
-// the wake job continues it.
-var errSuspended = errors.New("workflow: the run is waiting and will be woken by a River job")
 
 // WakeArgs is the River job that wakes a waiting run: at its wake-up time or deadline (a
 // sleep's end, an await's timeout), or at once when a signal it awaits is sent. It does nothing
@@ -75,45 +70,32 @@ func (*wakeSoon) InsertBegin(_ context.Context, p *rivertype.JobInsertParams) er
 	return nil
 }
 
-// waitRow is the run as a wait step's transaction locked it.
-type waitRow struct {
-	now      int64  // Postgres's clock, µs
-	deadline *int64 // µs
-	seq      *int   // the step that waited last, and for what, until when
-	name     *string
-	wakeAt   *int64
-}
-
-// waitTx runs one transaction of a wait step: it locks the run (the fence: this process must
-// hold the lease), writes the Call checkpoints that waited for a transaction, and lets decide
-// write the rest. decide returns whether it suspended the run; if so the run stops once the
-// transaction commits.
-func (rs *runState) waitTx(ctx context.Context, step string, decide func(t pgx.Tx, w *waitRow) (suspended bool, err error)) error {
-	e := rs.e
-	t, err := e.db.Begin(ctx)
-	if err != nil {
+// waitTx runs one transaction of a wait step, in the run's transaction (see runtx.go): it locks
+// the run (the fence: this process must hold the lease), lets decide write the rest, and commits
+// with the Call checkpoints that waited for a transaction. decide returns whether it suspended
+// the run; if so the run's execution ends once the transaction commits.
+func (rs *runState) waitTx(ctx context.Context, step string, decide func(t pgx.Tx, w *store.WaitRow) (suspended bool, err error)) error {
+	e, rt := rs.e, rs.tx
+	if err := rt.begin(ctx); err != nil {
 		return rs.stop(&machineryError{fmt.Errorf("workflow: error beginning step %q: %w", step, err)})
 	}
-	defer func() { _ = t.Rollback(context.WithoutCancel(ctx)) }()
-	var w waitRow
-	err = t.QueryRow(ctx, e.st.Waits.Lock, rs.scope, rs.id, rs.token).Scan(&w.now, &w.deadline, &w.seq, &w.name, &w.wakeAt)
+	w, ok, err := e.st.WaitLock(ctx, rt.view, rs.lease())
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", step, ErrLeaseLost))
 	case err != nil:
+		rt.rollback(ctx)
 		return rs.stop(&machineryError{fmt.Errorf("workflow: error locking the run for step %q: %w", step, err)})
+	case !ok:
+		rt.rollback(ctx)
+		return rs.stop(fmt.Errorf("workflow: step %q cannot be committed: %w", step, ErrLeaseLost))
 	}
-	rs.dbNow = w.now
-	if w.deadline != nil && *w.deadline <= w.now {
-		return rs.stop(errDeadline)
+	rs.dbNow = w.Now
+	if w.Deadline != nil && *w.Deadline <= w.Now {
+		rt.rollback(ctx)
+		return rs.endWith(endDeadline, errDeadline)
 	}
-	for _, d := range rs.pending {
-		if _, err := t.Exec(ctx, d.SQL, d.Args...); err != nil {
-			return rs.stop(&machineryError{fmt.Errorf("workflow: error writing a checkpoint before step %q: %w", step, err)})
-		}
-	}
-	suspended, err := decide(t, &w)
+	suspended, err := decide(rt.view, &w)
 	if err != nil {
+		rt.rollback(ctx)
 		if rs.stopped() != nil {
 			return rs.stopped()
 		}
@@ -123,52 +105,42 @@ func (rs *runState) waitTx(ctx context.Context, step string, decide func(t pgx.T
 		// Said before COMMIT: once it lands the lease is gone, and the heartbeat must not call
 		// that a lost lease. If COMMIT fails, the run is as good as suspended for the caller: in
 		// progress, resumed later, from its lease or from the wake job.
-		rs.markStopped(errSuspended)
+		rs.markEnded(endSuspended, errSuspended)
 	}
-	if err := t.Commit(context.WithoutCancel(ctx)); err != nil {
+	if err := rt.commit(context.WithoutCancel(ctx)); err != nil {
 		return rs.stop(&machineryError{fmt.Errorf("workflow: error committing step %q: %w", step, err)})
 	}
-	rs.pending = nil
 	if suspended {
-		return rs.stop(errSuspended)
+		return rs.endWith(endSuspended, errSuspended)
 	}
 	return nil
-}
-
-// markStopped records err as the run's stop without cancelling its context yet.
-func (rs *runState) markStopped(err error) {
-	rs.mu.Lock()
-	if rs.stopErr == nil {
-		rs.stopErr = err
-	}
-	rs.mu.Unlock()
 }
 
 // suspend leaves the run waiting in t at step seq (for signal, in an await) until wakeAt µs
 // (nil: until a signal), and schedules the job that wakes it at wakeAt or at the deadline,
 // whichever comes first.
-func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *waitRow, state store.RunState, seq int, signal *string, wakeAt *int64) error {
+func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *store.WaitRow, state store.RunState, seq int, signal *string, wakeAt *int64) error {
 	e := rs.e
 	client, err := e.riverClient(ctx)
 	if err != nil {
 		return rs.stop(&machineryError{err})
 	}
-	tag, err := t.Exec(ctx, e.st.Waits.Suspend, rs.scope, rs.id, rs.token, string(state), seq, signal, wakeAt)
+	ok, err := e.st.RunSuspend(ctx, t, store.SuspendParams{LeaseParams: rs.lease(), State: state, Seq: seq, Signal: signal, WakeAt: wakeAt})
 	if err != nil {
 		return fmt.Errorf("error suspending the run: %w", err)
 	}
-	if tag.RowsAffected() != 1 {
+	if !ok {
 		return rs.stop(ErrLeaseLost)
 	}
 	at := wakeAt
-	if w.deadline != nil && (at == nil || *w.deadline < *at) {
-		at = w.deadline
+	if w.Deadline != nil && (at == nil || *w.Deadline < *at) {
+		at = w.Deadline
 	}
 	rs.retryAfter = time.Second
 	if at == nil {
 		return nil // an await without a timeout: only a signal wakes it
 	}
-	rs.retryAfter = max(time.Second, time.Duration(*at-w.now)*time.Microsecond)
+	rs.retryAfter = max(time.Second, time.Duration(*at-w.Now)*time.Microsecond)
 	_, err = client.InsertTx(ctx, t, WakeArgs{Scope: rs.scope, ID: rs.id, Generation: rs.created, Seq: seq, Reason: "timer"},
 		&river.InsertOpts{Queue: e.cfg.Queue, ScheduledAt: time.UnixMicro(*at)})
 	if err != nil {
@@ -207,23 +179,17 @@ func (w *wakeWorker) Work(ctx context.Context, job *river.Job[WakeArgs]) error {
 // wake continues a waiting run, or times it out when its deadline passed, or does nothing when
 // the run no longer waits where the job says.
 func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
-	var state, name string
-	var created int64
-	var seq int
-	var overdue bool
-	err := e.db.QueryRow(ctx, e.st.Waits.Inspect, a.Scope, a.ID).Scan(&state, &name, &created, &seq, &overdue)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
+	w, found, err := e.st.WaitInspect(ctx, e.db, a.Scope, a.ID)
 	if err != nil {
 		return fmt.Errorf("workflow: error looking up run: %w", err)
 	}
-	if !store.RunState(state).Waiting() || created != a.Generation || (a.Seq != 0 && seq != a.Seq) {
+	if !found || !w.State.Waiting() || w.Created != a.Generation || (a.Seq != 0 && w.Seq != a.Seq) {
 		return nil
 	}
-	if overdue {
+	name := w.Workflow
+	if w.Overdue {
 		// No need to replay the run to stop it: it is at a boundary already.
-		if _, err := e.db.Exec(ctx, e.st.Waits.TimeOut, a.Scope, a.ID, created, encodeFailure(deadlineMessage), e.cfg.TTL.Microseconds()); err != nil {
+		if err := e.st.RunTimeOut(ctx, e.db, a.Scope, a.ID, w.Created, encodeFailure(deadlineMessage), e.cfg.TTL); err != nil {
 			return fmt.Errorf("workflow: error storing a run as timed out: %w", err)
 		}
 		return nil
@@ -238,15 +204,16 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 			"workflow", name, "scope", a.Scope, "id", a.ID)
 		return river.JobSnooze(e.cfg.ScanInterval)
 	}
-	rs, input, trace, err := e.claim(ctx, def, a.Scope, a.ID, e.st.Waits.Wake, func(token pgtype.UUID) []any {
-		return []any{a.Scope, a.ID, a.Generation, a.Seq, token, e.owner, e.cfg.Lease.Microseconds()}
-	})
+	rs := e.newRun(def, a.Scope, a.ID, newToken())
+	c, ok, err := e.st.RunWake(ctx, e.db, store.WakeParams{LeaseParams: rs.lease(), Generation: a.Generation, Seq: a.Seq, Owner: e.owner, Lease: e.cfg.Lease})
 	if err != nil {
 		return fmt.Errorf("workflow: error waking run: %w", err)
 	}
-	if rs == nil {
+	if !ok {
 		return nil // another job woke it first
 	}
+	rs.claimed(c)
+	input, trace := c.Input, c.Trace
 	// A wake-up is a resume: its span joins the trace that started the run.
 	ctx, span := e.startResumeSpan(ctx, trace, telemetry.Workflow.String(name), telemetry.Scope.String(a.Scope),
 		telemetry.Attempts.Int(rs.attempt), attribute.String("idem.wake", a.Reason))
@@ -256,11 +223,11 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 		endSpan(span, "stopped", err)
 		return err
 	}
-	_, err = e.execute(ctx, rs, input)
-	if err != nil && !quietEnd(err) {
-		e.log.WarnContext(ctx, "workflow: woken run stopped before its end", "workflow", name, "scope", a.Scope, "id", a.ID, "error", err)
+	res := e.execute(ctx, rs, input)
+	if res.err != nil && !quietEnd(res.err) {
+		e.log.WarnContext(ctx, "workflow: woken run stopped before its end", "workflow", name, "scope", a.Scope, "id", a.ID, "error", res.err)
 	}
-	endSpan(span, runOutcome(err, false), nil)
+	endSpan(span, runOutcome(res.err, false), nil)
 	return nil
 }
 
@@ -280,17 +247,14 @@ func (e *Engine) scanOverdue(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rows, err := e.db.Query(ctx, e.st.Waits.Overdue, e.cfg.ScanBatchSize, e.cfg.ScanInterval.Microseconds())
+	overdue, err := e.st.RunOverdue(ctx, e.db, e.cfg.ScanBatchSize, e.cfg.ScanInterval)
 	if err != nil {
 		return fmt.Errorf("workflow: error scanning for overdue waiting runs: %w", err)
 	}
-	params, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (river.InsertManyParams, error) {
-		a := WakeArgs{Reason: "scan"}
-		err := r.Scan(&a.Scope, &a.ID, &a.Generation, &a.Seq)
-		return river.InsertManyParams{Args: a, InsertOpts: e.signalWakeOpts()}, err
-	})
-	if err != nil {
-		return fmt.Errorf("workflow: error scanning for overdue waiting runs: %w", err)
+	params := make([]river.InsertManyParams, 0, len(overdue))
+	for _, o := range overdue {
+		params = append(params, river.InsertManyParams{Args: WakeArgs{Scope: o.Scope, ID: o.ID, Generation: o.Created, Seq: o.Seq, Reason: "scan"},
+			InsertOpts: e.signalWakeOpts()})
 	}
 	if len(params) == 0 {
 		return nil

@@ -53,16 +53,16 @@ func (e *AwaitTimeoutError) Is(target error) bool { return target == ErrAwaitTim
 func SleepStep(ctx context.Context, name string, d time.Duration, until time.Time) error {
 	out, err := runStep(ctx, "sleep", name, nil, false, func(ctx context.Context, s *StepInfo) ([]byte, error) {
 		var out []byte
-		err := s.rs.waitTx(ctx, name, func(t pgx.Tx, w *waitRow) (bool, error) {
-			wake := w.now + d.Microseconds()
+		err := s.rs.waitTx(ctx, name, func(t pgx.Tx, w *store.WaitRow) (bool, error) {
+			wake := w.Now + d.Microseconds()
 			if !until.IsZero() {
 				wake = until.UnixMicro()
 			}
 			out = strconv.AppendInt(nil, wake, 10)
-			if _, err := t.Exec(ctx, s.rs.e.st.Runs.CheckpointInFenced, s.rs.scope, s.rs.id, s.rs.token, s.Seq, s.Name, s.Kind, out, nil, 1); err != nil {
+			if _, err := s.rs.e.st.StepCheckpointInFenced(s.rs.checkpointParams(s, out, nil)).Exec(ctx, t); err != nil {
 				return false, err
 			}
-			if wake <= w.now {
+			if wake <= w.Now {
 				return false, nil
 			}
 			return true, s.rs.suspend(ctx, t, w, store.RunSleeping, s.Seq, nil, &wake)
@@ -91,8 +91,8 @@ func SleepStep(ctx context.Context, name string, d time.Duration, until time.Tim
 	rs.mu.Lock()
 	seq := rs.next - 1
 	rs.mu.Unlock()
-	return rs.waitTx(ctx, name, func(t pgx.Tx, w *waitRow) (bool, error) {
-		if wake <= w.now {
+	return rs.waitTx(ctx, name, func(t pgx.Tx, w *store.WaitRow) (bool, error) {
+		if wake <= w.Now {
 			return false, nil
 		}
 		return true, rs.suspend(ctx, t, w, store.RunSleeping, seq, nil, &wake)
@@ -123,34 +123,33 @@ func AwaitStep(ctx context.Context, name, signal string, timeout time.Duration) 
 	}
 	out, err := runStep(ctx, "await", name, nil, false, func(ctx context.Context, s *StepInfo) ([]byte, error) {
 		var out []byte
-		err := s.rs.waitTx(ctx, name, func(t pgx.Tx, w *waitRow) (bool, error) {
+		err := s.rs.waitTx(ctx, name, func(t pgx.Tx, w *store.WaitRow) (bool, error) {
 			rs := s.rs
 			var got awaitOutcome
-			var payload []byte
-			err := t.QueryRow(ctx, rs.e.st.Waits.Consume, rs.scope, rs.id, signal, s.Seq).Scan(&got.Signal, &payload)
+			sig, ok, err := rs.e.st.SignalConsume(ctx, t, rs.scope, rs.id, signal, s.Seq)
 			switch {
-			case err == nil:
-				got.Payload = payload
-			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				return false, err
+			case ok:
+				got.Signal, got.Payload = sig.Seq, sig.Payload
+			default:
 				// The timeout counts from when this await was first reached, kept with the run.
 				var until *int64
-				if w.seq != nil && *w.seq == s.Seq && w.name != nil && *w.name == signal {
-					until = w.wakeAt
+				if w.Seq != nil && *w.Seq == s.Seq && w.Name != nil && *w.Name == signal {
+					until = w.WakeAt
 				} else if timeout > 0 {
-					at := w.now + timeout.Microseconds()
+					at := w.Now + timeout.Microseconds()
 					until = &at
 				}
-				if until == nil || *until > w.now {
+				if until == nil || *until > w.Now {
 					return true, rs.suspend(ctx, t, w, store.RunAwaiting, s.Seq, &signal, until)
 				}
 				got = awaitOutcome{TimedOut: true}
-			default:
-				return false, err
 			}
 			if out, err = json.Marshal(got); err != nil {
 				return false, err
 			}
-			_, err = t.Exec(ctx, rs.e.st.Runs.CheckpointInFenced, rs.scope, rs.id, rs.token, s.Seq, s.Name, s.Kind, out, nil, 1)
+			_, err = rs.e.st.StepCheckpointInFenced(rs.checkpointParams(s, out, nil)).Exec(ctx, t)
 			return false, err
 		})
 		return out, err

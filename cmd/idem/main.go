@@ -152,7 +152,7 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, strings.TrimPrefix(err.Error(), "idem: "))
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" && !strings.Contains(err.Error(), "idem.Migrate") {
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 			fmt.Fprintf(stderr, "idem %s: a table is missing: run \"idem migrate\" (with the same --schema) for idem's tables, and River's rivermigrate for River's\n", cmd.name)
 		}
 		return exitFailed

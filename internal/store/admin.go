@@ -1,14 +1,18 @@
 package store
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// AdminStatements are the operator's statements: reading keys and runs without side effects, and
-// the admin operations (cancel, resume, fork, forgetting a key), each meant for one transaction.
+// KeyAdminStatements are the root package's statements for reading and forgetting a key.
 // Arguments are listed as $n = name.
-type AdminStatements struct {
+type KeyAdminStatements struct {
 	// KeyGet reads a key and, when it belongs to a run, the run's state. A run's key expires
 	// 'infinity'; it is read as NULL so that it scans into a *time.Time. $1 scope, $2 id.
 	KeyGet string
@@ -21,90 +25,61 @@ type AdminStatements struct {
 
 	// KeyWorkflow reads the workflow a key belongs to, NULL for Do's. $1 scope, $2 id.
 	KeyWorkflow string
-
-	// RunGet reads a run. $1 scope, $2 id.
-	RunGet string
-
-	// RunSteps reads a run's steps in order. $1 scope, $2 id.
-	RunSteps string
-
-	// RunLock reads a run's state and locks its row for the rest of the transaction. A checkpoint
-	// being committed holds the row (its fence), so this waits for it, and a checkpoint that comes
-	// after it sees what this transaction wrote. $1 scope, $2 id.
-	RunLock string
-
-	// RunCancel finishes a run as cancelled. It takes the lease's token away, so that the
-	// owner's next checkpoint or renewal fails its fence, and keeps the lease's owner and
-	// expiry: the owner may still be finishing a step until then, and a resume must not start a
-	// second owner beside it. $1 scope, $2 id, $3 output, $4 TTL µs.
-	RunCancel string
-
-	// RunCutFailed deletes a run's steps from its first failed one on, so that a resume runs the
-	// failed step again, and undoes what those steps did to the run's waiting: signals they
-	// consumed are pending again, and a wait they left behind is forgotten (its timeout with
-	// it). $1 scope, $2 id. Returns the seq of each step deleted.
-	RunCutFailed string
-
-	// RunReopen makes a run running again, with no owner, a lease that is already over and a
-	// fresh budget of attempts, so that the resume job inserted beside it takes it at once.
-	// $1 scope, $2 id. Returns lease_expires_at in µs, the generation of the resume job.
-	RunReopen string
-
-	// RunForkSource reads what a fork copies, locking the run against a concurrent change of its
-	// history. $1 scope, $2 id. Returns workflow, fingerprint, input, trace context and the
-	// run's timeout in µs (its deadline less its creation; NULL for none).
-	RunForkSource string
-
-	// RunForkSteps copies the steps before a position to another run.
-	// $1 scope, $2 id, $3 new scope, $4 new id, $5 from seq (not copied).
-	RunForkSteps string
-
-	// RunStepCount counts a run's completed steps. $1 scope, $2 id.
-	RunStepCount string
-
-	// RunCancelHeard is the cancelled owner saying it has stopped: the lease it kept (see
-	// RunCancel) is given up, so that a resume need not wait for it to run out.
-	// $1 scope, $2 id, $3 lease owner.
-	RunCancelHeard string
 }
 
+func keyAdminStatements(t Tables) KeyAdminStatements {
+	return KeyAdminStatements{
+		KeyGet: t.render(`SELECT k.fingerprint, octet_length(k.result), k.workflow, k.created_at,
+	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state
+FROM {keys} k LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id
+WHERE k.scope = $1 AND k.id = $2`),
+		KeyLock:     `SELECT pg_try_advisory_xact_lock($1)`,
+		KeyDelete:   t.render(`DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NULL`),
+		KeyWorkflow: t.render(`SELECT workflow FROM {keys} WHERE scope = $1 AND id = $2`),
+	}
+}
+
+// adminStatements are the texts of the operator's statements on runs: reading them without side
+// effects, and the admin operations (cancel, resume, fork), each meant for one transaction.
+type adminStatements struct {
+	keyWorkflow, runGet, runSteps, runLock, runCancel, runCutFailed, runReopen, forkSource, forkSteps,
+	stepCount, cancelHeard string
+}
+
+// runColumns are what RunRecord holds, read by scanRunRecord.
 const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.lease_owner, ''), r.lease_expires_at,
 	coalesce(r.last_error, ''), r.input, r.output, r.created_at, r.updated_at, r.finished_at, r.expires_at,
 	CASE WHEN r.state IN ('sleeping', 'awaiting') THEN r.wake_at END,
 	CASE WHEN r.state = 'awaiting' THEN coalesce(r.wait_name, '') ELSE '' END, r.deadline,
 	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4`
 
-func adminStatements(t Tables) AdminStatements {
-	return AdminStatements{
-		KeyGet: t.render(`SELECT k.fingerprint, octet_length(k.result), k.workflow, k.created_at,
-	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state
-FROM {keys} k LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id
-WHERE k.scope = $1 AND k.id = $2`),
+func newAdminStatements(t Tables) adminStatements {
+	return adminStatements{
+		keyWorkflow: t.render(`SELECT workflow FROM {keys} WHERE scope = $1 AND id = $2`),
 
-		KeyLock: `SELECT pg_try_advisory_xact_lock($1)`,
+		runGet: t.render(`SELECT ` + runColumns + ` FROM {runs} r WHERE r.scope = $1 AND r.id = $2`),
 
-		KeyDelete: t.render(`DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NULL`),
-
-		KeyWorkflow: t.render(`SELECT workflow FROM {keys} WHERE scope = $1 AND id = $2`),
-
-		RunGet: t.render(`SELECT ` + runColumns + ` FROM {runs} r WHERE r.scope = $1 AND r.id = $2`),
-
-		RunSteps: t.render(`SELECT seq, name, kind, attempts, output, error, created_at FROM {steps}
+		runSteps: t.render(`SELECT seq, name, kind, attempts, output, error, created_at FROM {steps}
 WHERE scope = $1 AND id = $2 ORDER BY seq`),
 
-		RunLock: t.render(`SELECT state, workflow, coalesce(lease_expires_at > now(), false), coalesce(lease_owner, '')
+		// A checkpoint being committed holds the row (its fence), so this waits for it, and a
+		// checkpoint that comes after it sees what this transaction wrote.
+		runLock: t.render(`SELECT state, workflow, coalesce(lease_expires_at > now(), false), coalesce(lease_owner, '')
 FROM {runs} WHERE scope = $1 AND id = $2 FOR UPDATE`),
 
-		RunCancel: t.render(`UPDATE {runs} SET state = 'cancelled', output = $3, lease_token = NULL,
+		// The lease's token goes, so that the owner's next checkpoint or renewal fails its
+		// fence; its owner and expiry stay: the owner may still be finishing a step until then,
+		// and a resume must not start a second owner beside it.
+		runCancel: t.render(`UPDATE {runs} SET state = 'cancelled', output = $3, lease_token = NULL,
 	updated_at = now(), finished_at = now(), expires_at = now() + $4::int8 @us
 WHERE scope = $1 AND id = $2`),
 
-		RunStepCount: t.render(`SELECT count(*)::int4 FROM {steps} WHERE scope = $1 AND id = $2`),
+		stepCount: t.render(`SELECT count(*)::int4 FROM {steps} WHERE scope = $1 AND id = $2`),
 
-		RunCancelHeard: t.render(`UPDATE {runs} SET lease_owner = NULL, lease_expires_at = NULL
+		cancelHeard: t.render(`UPDATE {runs} SET lease_owner = NULL, lease_expires_at = NULL
 WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND lease_owner = $3`),
 
-		RunCutFailed: t.render(`WITH cut AS (
+		runCutFailed: t.render(`WITH cut AS (
 	SELECT min(seq) AS seq FROM {steps} WHERE scope = $1 AND id = $2 AND error IS NOT NULL
 ), deleted AS (
 	DELETE FROM {steps} WHERE scope = $1 AND id = $2 AND seq >= (SELECT seq FROM cut) RETURNING seq
@@ -117,34 +92,193 @@ WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND
 )
 SELECT seq FROM deleted`),
 
-		RunReopen: t.render(`UPDATE {runs} SET state = 'running', output = NULL, attempts = 0, lease_token = NULL,
+		runReopen: t.render(`UPDATE {runs} SET state = 'running', output = NULL, attempts = 0, lease_token = NULL,
 	lease_owner = NULL, lease_expires_at = now(), last_error = NULL, updated_at = now(), finished_at = NULL,
 	expires_at = NULL
 WHERE scope = $1 AND id = $2
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
-		RunForkSource: t.render(`SELECT workflow, fingerprint, input, trace_context,
+		forkSource: t.render(`SELECT workflow, fingerprint, input, coalesce(trace_context, ''),
 	(extract(epoch FROM deadline - created_at) * 1000000)::int8
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
-		RunForkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
+		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
 SELECT $3, $4, seq, name, kind, output, error, attempts, created_at FROM {steps}
 WHERE scope = $1 AND id = $2 AND seq < $5`),
 	}
 }
 
-// RunFilter selects runs for ListRuns. Zero fields select everything.
+// KeyWorkflow reads the workflow a key belongs to: nil for a key of Do's; ok is false when the
+// key does not exist.
+func (st *Statements) KeyWorkflow(ctx context.Context, q Querier, scope, id string) (workflow *string, ok bool, err error) {
+	err = q.QueryRow(ctx, st.admin.keyWorkflow, scope, id).Scan(&workflow)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	return workflow, err == nil, err
+}
+
+// RunRecord is a run as stored, for operators.
+type RunRecord struct {
+	Scope, ID, Workflow string
+	State               RunState
+	Attempts            int
+	LeaseOwner          string
+	LeaseExpires        *time.Time
+	LastError           string
+	Input, Output       []byte
+	Created, Updated    time.Time
+	Finished, Expires   *time.Time
+	WakeAt              *time.Time
+	AwaitingSignal      string
+	Deadline            *time.Time
+	PendingSignals      int
+}
+
+func scanRunRecord(r pgx.Row) (*RunRecord, error) {
+	run := &RunRecord{}
+	err := r.Scan(&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner, &run.LeaseExpires,
+		&run.LastError, &run.Input, &run.Output, &run.Created, &run.Updated, &run.Finished, &run.Expires, &run.WakeAt,
+		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals)
+	if err != nil {
+		return nil, err
+	}
+	return run, nil
+}
+
+// RunGet reads a run. ok is false when there is none.
+func (st *Statements) RunGet(ctx context.Context, q Querier, scope, id string) (*RunRecord, bool, error) {
+	run, err := scanRunRecord(q.QueryRow(ctx, st.admin.runGet, scope, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	return run, err == nil, err
+}
+
+// StepRow is a completed step as an operator reads it.
+type StepRow struct {
+	Seq        int
+	Name, Kind string
+	Attempts   int
+	Output     []byte
+	Error      *string
+	Created    time.Time
+}
+
+// RunSteps reads a run's completed steps in order.
+func (st *Statements) RunSteps(ctx context.Context, q Querier, scope, id string) ([]StepRow, error) {
+	rows, err := q.Query(ctx, st.admin.runSteps, scope, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRow, error) {
+		var s StepRow
+		err := r.Scan(&s.Seq, &s.Name, &s.Kind, &s.Attempts, &s.Output, &s.Error, &s.Created)
+		return s, err
+	})
+}
+
+// LockedRun is a run's row as an admin operation locked it.
+type LockedRun struct {
+	State     RunState
+	Workflow  string
+	LeaseLive bool
+	Owner     string
+}
+
+// RunLock reads a run's state and locks its row for the rest of the caller's transaction. ok is
+// false when there is no run.
+func (st *Statements) RunLock(ctx context.Context, q Querier, scope, id string) (LockedRun, bool, error) {
+	var r LockedRun
+	err := q.QueryRow(ctx, st.admin.runLock, scope, id).Scan(&r.State, &r.Workflow, &r.LeaseLive, &r.Owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return LockedRun{}, false, nil
+	}
+	return r, err == nil, err
+}
+
+// RunCancel finishes a run as cancelled with output, kept for ttl; see the statement for what
+// it does to the lease.
+func (st *Statements) RunCancel(ctx context.Context, q Querier, scope, id string, output []byte, ttl time.Duration) error {
+	_, err := q.Exec(ctx, st.admin.runCancel, scope, id, output, micros(ttl))
+	return err
+}
+
+// RunCutFailed deletes a run's steps from its first failed one on, so that a resume runs the
+// failed step again, and undoes what those steps did to the run's waiting: signals they consumed
+// are pending again, and a wait they left behind is forgotten (its timeout with it). It returns
+// the positions of the steps it deleted.
+func (st *Statements) RunCutFailed(ctx context.Context, q Querier, scope, id string) ([]int, error) {
+	rows, err := q.Query(ctx, st.admin.runCutFailed, scope, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int])
+}
+
+// RunReopen makes a run running again, with no owner, a lease that is already over and a fresh
+// budget of attempts, so that the resume job inserted beside it takes it at once. It returns the
+// lease's expiry in µs, the generation of the resume job.
+func (st *Statements) RunReopen(ctx context.Context, q Querier, scope, id string) (generation int64, err error) {
+	err = q.QueryRow(ctx, st.admin.runReopen, scope, id).Scan(&generation)
+	return generation, err
+}
+
+// ForkSource is what a fork copies of a run.
+type ForkSource struct {
+	Workflow    string
+	Fingerprint []byte
+	Input       []byte
+	Trace       string
+	Timeout     time.Duration // the run's deadline less its creation; 0 for none
+}
+
+// RunForkSource reads what a fork copies, locking the run against a concurrent change of its
+// history (FOR SHARE). ok is false when there is no run.
+func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id string) (ForkSource, bool, error) {
+	var f ForkSource
+	var timeout *int64
+	err := q.QueryRow(ctx, st.admin.forkSource, scope, id).Scan(&f.Workflow, &f.Fingerprint, &f.Input, &f.Trace, &timeout)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ForkSource{}, false, nil
+	}
+	if timeout != nil {
+		f.Timeout = time.Duration(*timeout) * time.Microsecond
+	}
+	return f, err == nil, err
+}
+
+// RunForkSteps copies the steps before position from of one run to another.
+func (st *Statements) RunForkSteps(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
+	_, err := q.Exec(ctx, st.admin.forkSteps, scope, id, newScope, newID, from)
+	return err
+}
+
+// RunStepCount counts a run's completed steps.
+func (st *Statements) RunStepCount(ctx context.Context, q Querier, scope, id string) (n int, err error) {
+	err = q.QueryRow(ctx, st.admin.stepCount, scope, id).Scan(&n)
+	return n, err
+}
+
+// RunCancelHeard is the cancelled owner saying it has stopped: the lease it kept (see RunCancel)
+// is given up, so that a resume need not wait for it to run out.
+func (st *Statements) RunCancelHeard(ctx context.Context, q Querier, scope, id, owner string) error {
+	_, err := q.Exec(ctx, st.admin.cancelHeard, scope, id, owner)
+	return err
+}
+
+// RunFilter selects runs for RunList. Zero fields select everything.
 type RunFilter struct {
 	States    []string
 	Workflows []string
 	Scope     string
-	Since     *int64 // created at or after, µs since the epoch
-	Until     *int64 // created before, µs since the epoch
+	Since     *time.Time // created at or after
+	Until     *time.Time // created before
 	After     *RunCursor
 	Limit     int
 }
 
-// RunCursor is the position after which a page of ListRuns starts: the last run of the page
+// RunCursor is the position after which a page of RunList starts: the last run of the page
 // before. (created_at, scope, id) is unique and ordered, so a page never repeats or skips a run
 // that existed when the first page was read, however many runs are added meanwhile.
 type RunCursor struct {
@@ -152,11 +286,19 @@ type RunCursor struct {
 	Scope, ID string
 }
 
-// ListRuns builds the statement that lists runs, newest first. Only the filters that are set
-// are in its text, so that the planner sees plain predicates that idem_runs' indexes serve:
-// idem_runs_created for the order and the cursor, idem_runs_state and idem_runs_workflow when
-// filtering by them.
-func (st *Statements) ListRuns(f RunFilter) (string, []any) {
+// RunList lists runs, newest first. Only the filters that are set are in the statement's text,
+// so that the planner sees plain predicates that idem_runs' indexes serve: idem_runs_created for
+// the order and the cursor, idem_runs_state and idem_runs_workflow when filtering by them.
+func (st *Statements) RunList(ctx context.Context, q Querier, f RunFilter) ([]*RunRecord, error) {
+	sql, args := st.listRuns(f)
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*RunRecord, error) { return scanRunRecord(r) })
+}
+
+func (st *Statements) listRuns(f RunFilter) (string, []any) {
 	var (
 		where []string
 		args  []any
@@ -165,8 +307,6 @@ func (st *Statements) ListRuns(f RunFilter) (string, []any) {
 		args = append(args, v)
 		return "$" + strconv.Itoa(len(args))
 	}
-	const at = "'epoch'::timestamptz + %s::int8 * interval '1 microsecond'"
-	ts := func(us int64) string { return strings.Replace(at, "%s", arg(us), 1) }
 	if len(f.States) > 0 {
 		where = append(where, "r.state = ANY("+arg(f.States)+"::text[])")
 	}
@@ -177,13 +317,14 @@ func (st *Statements) ListRuns(f RunFilter) (string, []any) {
 		where = append(where, "r.scope = "+arg(f.Scope))
 	}
 	if f.Since != nil {
-		where = append(where, "r.created_at >= "+ts(*f.Since))
+		where = append(where, "r.created_at >= "+arg(*f.Since))
 	}
 	if f.Until != nil {
-		where = append(where, "r.created_at < "+ts(*f.Until))
+		where = append(where, "r.created_at < "+arg(*f.Until))
 	}
 	if c := f.After; c != nil {
-		where = append(where, "(r.created_at, r.scope, r.id) < ("+ts(c.Created)+", "+arg(c.Scope)+", "+arg(c.ID)+")")
+		where = append(where, "(r.created_at, r.scope, r.id) < ('epoch'::timestamptz + "+arg(c.Created)+"::int8 * interval '1 microsecond', "+
+			arg(c.Scope)+", "+arg(c.ID)+")")
 	}
 	sql := st.Tables.render("SELECT " + runColumns + "\nFROM {runs} r")
 	if len(where) > 0 {

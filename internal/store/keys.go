@@ -66,6 +66,8 @@ WHERE NOT EXISTS (SELECT FROM replaced)`),
 	DELETE FROM {runs} WHERE scope = $1 AND id = $2 AND expires_at <= now() RETURNING 1
 ), steps AS (
 	DELETE FROM {steps} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM run)
+), attempts AS (
+	DELETE FROM {attempts} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM run)
 ), signals AS (
 	DELETE FROM {signals} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM run)
 ), events AS (

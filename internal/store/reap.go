@@ -7,7 +7,7 @@ type ReapStatements struct {
 	// without waiting for each other, and passes over a key that a Do is replacing right now.
 	Keys string
 
-	// Runs deletes up to $1 finished, expired runs with their steps, keys, signals and events. A running run has
+	// Runs deletes up to $1 finished, expired runs with their steps, attempts, keys, signals and events. A running run has
 	// no expiry and is never deleted. Returns the number of runs deleted.
 	Runs string
 }
@@ -24,6 +24,8 @@ func reapStatements(t Tables) ReapStatements {
 	DELETE FROM {runs} r USING doomed d WHERE r.scope = d.scope AND r.id = d.id RETURNING r.scope, r.id
 ), steps AS (
 	DELETE FROM {steps} s USING runs d WHERE s.scope = d.scope AND s.id = d.id
+), attempts AS (
+	DELETE FROM {attempts} a USING runs d WHERE a.scope = d.scope AND a.id = d.id
 ), keys AS (
 	DELETE FROM {keys} k USING runs d WHERE k.scope = d.scope AND k.id = d.id AND k.workflow IS NOT NULL
 ), signals AS (

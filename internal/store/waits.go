@@ -1,92 +1,58 @@
 package store
 
-// WaitStatements are package workflow's statements for waiting runs (sleep, await), signals,
-// events and deadlines. Arguments are listed as $n = name.
-type WaitStatements struct {
-	// Lock takes the run's row FOR UPDATE if the caller holds its lease, at the start of a wait
-	// step's transaction. FOR UPDATE conflicts with Signal's FOR KEY SHARE, so a signal being
-	// sent and a run about to wait are ordered: whichever locks second sees the other's commit,
-	// and a signal is never missed between the mailbox check and the suspension. Lease renewals
-	// and checkpoints take weaker locks and do not wait for signals.
-	// $1 scope, $2 id, $3 token. Returns now µs, deadline µs, wait_seq, wait_name, wake_at µs.
-	Lock string
+import (
+	"context"
+	"errors"
+	"time"
 
-	// Consume marks the oldest pending signal of a name as consumed by the step at seq.
-	// $1 scope, $2 id, $3 name, $4 step seq. Returns the signal's seq and payload, or no row.
-	Consume string
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
 
-	// Suspend gives up the lease and leaves the run waiting. $1 scope, $2 id, $3 token,
-	// $4 state, $5 step seq, $6 signal name, $7 wake_at µs (NULL for none).
-	Suspend string
-
-	// Inspect reads a waiting run for the wake-up job. $1 scope, $2 id. Returns state, workflow,
-	// created_at µs, wait_seq, whether the deadline has passed.
-	Inspect string
-
-	// Wake takes a waiting run with a new lease, if it still waits at the step the job was made
-	// for ($4, or any step when 0) in the same generation ($3). $5 token, $6 owner, $7 lease µs.
-	// Returns attempts, input, created_at µs, trace context, now µs, deadline µs.
-	Wake string
-
-	// TimeOut finishes a waiting run whose deadline has passed as timed out, without waking
-	// it. $1 scope, $2 id, $3 created_at µs, $4 output, $5 TTL µs.
-	TimeOut string
-
-	// Signal records a signal in the caller's transaction, unless the run is unknown or
-	// finished, or the dedupe id was seen before. It locks the run FOR KEY SHARE (see Lock).
-	// $1 scope, $2 id, $3 name, $4 payload, $5 dedupe id. Returns the run's state, whether it
-	// awaits this signal now, its wait_seq, created_at µs, the signal's seq (NULL for a
-	// duplicate or a refused signal) and updated_at µs (while the run waits, when its wait
-	// began); no row when the run is unknown.
-	Signal string
-
-	// Overdue finds waiting runs due for longer than $2 µs, whose wake-up job should have run by
-	// then (it was lost, or River is far behind). $1 limit. Returns scope, id, created_at µs,
-	// wait_seq.
-	Overdue string
-
-	// SetEvent publishes a run's value under a name; the last write wins.
-	// $1 scope, $2 id, $3 name, $4 value.
-	SetEvent string
-
-	// GetEvent reads the run's state and the event's value. $1 scope, $2 id, $3 name.
-	GetEvent string
+// waitStatements are the texts of the statements for waiting runs (sleep, await), signals,
+// events and deadlines.
+type waitStatements struct {
+	lock, consume, suspend, inspect, wake, timeOut, signal, overdue, setEvent, getEvent string
 }
 
-func waitStatements(t Tables) WaitStatements {
-	return WaitStatements{
-		Lock: t.render(`SELECT (extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8,
+func newWaitStatements(t Tables) waitStatements {
+	return waitStatements{
+		// FOR UPDATE conflicts with signal's FOR KEY SHARE, so a signal being sent and a run
+		// about to wait are ordered: whichever locks second sees the other's commit, and a signal
+		// is never missed between the mailbox check and the suspension. Lease renewals and
+		// checkpoints take weaker locks and do not wait for signals.
+		lock: t.render(`SELECT (extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8,
 	wait_seq, wait_name, (extract(epoch FROM wake_at) * 1000000)::int8
 FROM {runs} WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'
 FOR UPDATE`),
 
-		Consume: t.render(`UPDATE {signals} SET consumed_at = now(), consumed_step = $4
+		consume: t.render(`UPDATE {signals} SET consumed_at = now(), consumed_step = $4
 WHERE scope = $1 AND id = $2 AND consumed_at IS NULL AND seq = (
 	SELECT seq FROM {signals} WHERE scope = $1 AND id = $2 AND name = $3 AND consumed_at IS NULL ORDER BY seq LIMIT 1
 )
 RETURNING seq, payload`),
 
-		Suspend: t.render(`UPDATE {runs} SET state = $4, wait_seq = $5, wait_name = $6,
+		suspend: t.render(`UPDATE {runs} SET state = $4, wait_seq = $5, wait_name = $6,
 	wake_at = 'epoch'::timestamptz + $7::int8 @us, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
 	last_error = NULL, attempts = 0, updated_at = now()
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
-		Inspect: t.render(`SELECT state, workflow, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0),
+		inspect: t.render(`SELECT state, workflow, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0),
 	coalesce(deadline <= now(), false)
 FROM {runs} WHERE scope = $1 AND id = $2`),
 
-		Wake: t.render(`UPDATE {runs} SET state = 'running', lease_token = $5, lease_owner = $6,
+		wake: t.render(`UPDATE {runs} SET state = 'running', lease_token = $5, lease_owner = $6,
 	lease_expires_at = now() + $7::int8 @us, attempts = attempts + 1, updated_at = now()
 WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND ($4::int4 = 0 OR wait_seq = $4)
-` + ClaimReturning),
+` + claimReturning),
 
-		TimeOut: t.render(`UPDATE {runs} SET state = 'timed_out', output = $4, lease_token = NULL, lease_owner = NULL,
+		timeOut: t.render(`UPDATE {runs} SET state = 'timed_out', output = $4, lease_token = NULL, lease_owner = NULL,
 	lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $5::int8 @us
 WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND deadline <= now()`),
 
-		Signal: t.render(`WITH run AS (
+		signal: t.render(`WITH run AS (
 	SELECT state, wait_name, wait_seq, (extract(epoch FROM created_at) * 1000000)::int8 AS created,
 		(extract(epoch FROM updated_at) * 1000000)::int8 AS suspended
 	FROM {runs} WHERE scope = $1 AND id = $2
@@ -101,15 +67,194 @@ SELECT run.state, run.state = 'awaiting' AND run.wait_name IS NOT DISTINCT FROM 
 	(SELECT seq FROM sig), run.suspended
 FROM run`),
 
-		Overdue: t.render(`SELECT scope, id, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0)
+		overdue: t.render(`SELECT scope, id, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0)
 FROM {runs} WHERE state IN ('sleeping', 'awaiting') AND least(wake_at, deadline) <= now() - $2::int8 @us
 ORDER BY least(wake_at, deadline) LIMIT $1`),
 
-		SetEvent: t.render(`INSERT INTO {events} (scope, id, name, value) VALUES ($1, $2, $3, $4)
+		setEvent: t.render(`INSERT INTO {events} (scope, id, name, value) VALUES ($1, $2, $3, $4)
 ON CONFLICT (scope, id, name) DO UPDATE SET value = excluded.value, updated_at = now()`),
 
-		GetEvent: t.render(`SELECT r.state, e.name IS NOT NULL, e.value
+		getEvent: t.render(`SELECT r.state, e.name IS NOT NULL, e.value
 FROM {runs} r LEFT JOIN {events} e ON e.scope = r.scope AND e.id = r.id AND e.name = $3
 WHERE r.scope = $1 AND r.id = $2`),
 	}
+}
+
+// WaitRow is a run as a wait step's transaction locked it.
+type WaitRow struct {
+	Now      int64   // Postgres's clock, µs
+	Deadline *int64  // µs
+	Seq      *int    // the step that waited last,
+	Name     *string // for which signal (an await),
+	WakeAt   *int64  // until when, µs
+}
+
+// WaitLock locks the run's row FOR UPDATE if the caller holds its lease, at the start of a wait
+// step's transaction: the fence of everything the step writes. ok is false when the caller no
+// longer holds the lease.
+func (st *Statements) WaitLock(ctx context.Context, q Querier, p LeaseParams) (WaitRow, bool, error) {
+	var w WaitRow
+	err := q.QueryRow(ctx, st.waits.lock, p.Scope, p.ID, p.Token).Scan(&w.Now, &w.Deadline, &w.Seq, &w.Name, &w.WakeAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return WaitRow{}, false, nil
+	}
+	return w, err == nil, err
+}
+
+// SignalConsumed is the signal an await took from the mailbox.
+type SignalConsumed struct {
+	Seq     int64
+	Payload []byte
+}
+
+// SignalConsume marks the oldest pending signal of name as consumed by the step at seq. ok is
+// false when there is none.
+func (st *Statements) SignalConsume(ctx context.Context, q Querier, scope, id, name string, seq int) (SignalConsumed, bool, error) {
+	var s SignalConsumed
+	err := q.QueryRow(ctx, st.waits.consume, scope, id, name, seq).Scan(&s.Seq, &s.Payload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return SignalConsumed{}, false, nil
+	}
+	return s, err == nil, err
+}
+
+// SuspendParams leave a run waiting at step Seq: sleeping, or awaiting Signal, until WakeAt (µs;
+// nil for an await without a timeout).
+type SuspendParams struct {
+	LeaseParams
+	State  RunState
+	Seq    int
+	Signal *string
+	WakeAt *int64
+}
+
+// RunSuspend gives up the lease and leaves the run waiting. ok is false when the caller no longer
+// holds the lease.
+func (st *Statements) RunSuspend(ctx context.Context, q Querier, p SuspendParams) (bool, error) {
+	tag, err := q.Exec(ctx, st.waits.suspend, p.Scope, p.ID, p.Token, string(p.State), p.Seq, p.Signal, p.WakeAt)
+	return tag.RowsAffected() == 1, err
+}
+
+// WaitInspected is a waiting run as its wake-up job reads it.
+type WaitInspected struct {
+	State    RunState
+	Workflow string
+	Created  int64 // µs: the run's generation
+	Seq      int   // the waiting step, 0 for none
+	Overdue  bool  // its deadline has passed
+}
+
+// WaitInspect reads a run for its wake-up job. ok is false when there is none.
+func (st *Statements) WaitInspect(ctx context.Context, q Querier, scope, id string) (WaitInspected, bool, error) {
+	var w WaitInspected
+	err := q.QueryRow(ctx, st.waits.inspect, scope, id).Scan(&w.State, &w.Workflow, &w.Created, &w.Seq, &w.Overdue)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return WaitInspected{}, false, nil
+	}
+	return w, err == nil, err
+}
+
+// WakeParams take a waiting run with a new lease, if it still waits at step Seq (any step when 0)
+// of generation Generation.
+type WakeParams struct {
+	LeaseParams
+	Generation int64
+	Seq        int
+	Owner      string
+	Lease      time.Duration
+}
+
+// RunWake takes a waiting run with the caller's lease. ok is false when it no longer waits where
+// the caller was told (another job woke it first, it finished, it was cancelled).
+func (st *Statements) RunWake(ctx context.Context, q Querier, p WakeParams) (Claim, bool, error) {
+	return scanClaim(q.QueryRow(ctx, st.waits.wake, p.Scope, p.ID, p.Generation, p.Seq, p.Token, p.Owner, micros(p.Lease)))
+}
+
+// RunTimeOut finishes a waiting run of generation created whose deadline has passed as timed
+// out, without waking it.
+func (st *Statements) RunTimeOut(ctx context.Context, q Querier, scope, id string, created int64, output []byte, ttl time.Duration) error {
+	_, err := q.Exec(ctx, st.waits.timeOut, scope, id, created, output, micros(ttl))
+	return err
+}
+
+// SignalParams are a signal sent to a run; DedupeID "" for none.
+type SignalParams struct {
+	Scope, ID, Name string
+	Payload         []byte
+	DedupeID        string
+}
+
+// SignalRow is what SignalSend found and did.
+type SignalRow struct {
+	State     RunState
+	Awaits    bool   // the run awaits this signal now
+	WaitSeq   int    // the step it waits at
+	Created   int64  // µs
+	Seq       *int64 // the signal's position; nil for a duplicate, or a refused signal
+	Suspended int64  // µs: while the run waits, when its wait began
+}
+
+// SignalSend records a signal in the caller's transaction, unless the run is finished or the
+// dedupe id was seen before, locking the run FOR KEY SHARE (see WaitLock). ok is false when the
+// run is unknown.
+func (st *Statements) SignalSend(ctx context.Context, q Querier, p SignalParams) (SignalRow, bool, error) {
+	var s SignalRow
+	err := q.QueryRow(ctx, st.waits.signal, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID)).Scan(&s.State, &s.Awaits,
+		&s.WaitSeq, &s.Created, &s.Seq, &s.Suspended)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return SignalRow{}, false, nil
+	}
+	return s, err == nil, err
+}
+
+// OverdueRow is a waiting run whose wake-up should have come.
+type OverdueRow struct {
+	Scope, ID string
+	Created   int64 // µs
+	Seq       int
+}
+
+// RunOverdue finds up to limit waiting runs due for longer than late, whose wake-up job should
+// have run by then (it was lost, or River is far behind).
+func (st *Statements) RunOverdue(ctx context.Context, q Querier, limit int, late time.Duration) ([]OverdueRow, error) {
+	rows, err := q.Query(ctx, st.waits.overdue, limit, micros(late))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (OverdueRow, error) {
+		var o OverdueRow
+		err := r.Scan(&o.Scope, &o.ID, &o.Created, &o.Seq)
+		return o, err
+	})
+}
+
+// EventSet publishes a run's value under name; the last write wins.
+func (st *Statements) EventSet(ctx context.Context, q Querier, scope, id, name string, value []byte) error {
+	_, err := q.Exec(ctx, st.waits.setEvent, scope, id, name, value)
+	return err
+}
+
+// EventRow is a run's state and, when set, its event's value.
+type EventRow struct {
+	State RunState
+	Set   bool
+	Value []byte
+}
+
+// EventGet reads the run's state and the event's value. ok is false when there is no run.
+func (st *Statements) EventGet(ctx context.Context, q Querier, scope, id, name string) (EventRow, bool, error) {
+	var e EventRow
+	err := q.QueryRow(ctx, st.waits.getEvent, scope, id, name).Scan(&e.State, &e.Set, &e.Value)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return EventRow{}, false, nil
+	}
+	return e, err == nil, err
+}
+
+// tokenArg is a lease token as an argument: NULL when there is none.
+func tokenArg(t *pgtype.UUID) any {
+	if t == nil {
+		return nil
+	}
+	return *t
 }

@@ -49,6 +49,13 @@ func New(conn *pgx.Conn, opts pgx.TxOptions, a *txctl.Attempt) *Tx {
 	return &Tx{conn: conn, opts: opts, attempt: a}
 }
 
+// Begun returns the transaction of one attempt on conn whose BEGIN has been sent already: real is
+// the transaction that a batch begun with pgx's Batch.BeginTx began, together with statements of
+// the caller's own (a workflow run's start).
+func Begun(conn *pgx.Conn, opts pgx.TxOptions, a *txctl.Attempt, real pgx.Tx) *Tx {
+	return &Tx{conn: conn, opts: opts, attempt: a, real: real}
+}
+
 // Close ends the view: every later use returns pgx.ErrTxClosed.
 func (t *Tx) Close() { t.closed.Store(true) }
 

@@ -1,0 +1,1 @@
+DROP TABLE idem_step_attempts;

@@ -1,0 +1,327 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/txctl"
+	"github.com/idemkit/idem/internal/txown"
+)
+
+// A run has at most one open transaction at a time, and runTx owns it. Every write of the run
+// goes through it:
+//
+//   - start: the run's first transaction opens with its start (BEGIN, the key's in-flight lock
+//     and the run's row, in one round trip), before any workflow code runs;
+//   - a Tx step runs in the open transaction when it holds only the start, and in a new one
+//     otherwise; its checkpoint is queued for COMMIT, and the transaction stays open ("held")
+//     until the run's next step boundary, so that the run's outcome commits with its last step;
+//   - a Call's checkpoint waits (pending) for the next transaction that commits;
+//   - a wait step (sleep, await) runs in a transaction of its own, which it commits;
+//   - the outcome is queued for the COMMIT of whatever is open, or of a transaction opened for it.
+//
+// So Tx, Call, Tx costs five round trips and two commits, where the same two transactions bare
+// cost six and two.
+//
+// When the engine's DB is a *pgxpool.Pool, runTx holds a connection of its own and sends BEGIN
+// and COMMIT in the round trips of the statements beside them (package txown). With any other
+// DB it begins its transactions with DB.Begin, and sends each statement on its own: the same
+// steps, in more round trips.
+
+// startSavepoint is set right after the start, so that a failed attempt of a first Tx step that
+// shares the start's transaction undoes the step's writes and keeps the start.
+const startSavepoint = "SAVEPOINT idem_step"
+
+type runTx struct {
+	rs *runState
+
+	conn    *pgxpool.Conn // the pool's connection the open transaction holds; nil with another DB
+	real    pgx.Tx        // the transaction once runTx has begun it itself (the start, another DB)
+	own     *txown.Tx     // the pool path's view
+	view    pgx.Tx        // what step bodies get; nil when no transaction is open
+	attempt *txctl.Attempt
+
+	start bool   // the open transaction carries the run's start: committing it makes the run exist
+	step  string // the Tx step whose writes it holds, "" for none
+	clean bool   // only the start is in it, after its savepoint: a Tx step may share it
+
+	pending []store.CheckpointParams // Call checkpoints waiting for the next transaction that commits
+}
+
+// open reports whether a transaction is open.
+func (rt *runTx) open() bool { return rt.view != nil }
+
+// begin opens a transaction that holds nothing yet. On the pool path nothing is sent: BEGIN goes
+// with its first statement.
+func (rt *runTx) begin(ctx context.Context) error {
+	e := rt.rs.e
+	rt.attempt = &txctl.Attempt{}
+	if pool := e.pool(); pool != nil {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("workflow: error acquiring a connection: %w", err)
+		}
+		rt.conn, rt.own = conn, txown.New(conn.Conn(), pgx.TxOptions{}, rt.attempt)
+		rt.view = rt.own
+		return nil
+	}
+	t, err := e.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("workflow: error beginning a transaction: %w", err)
+	}
+	rt.real, rt.view = t, &txown.Plain{Tx: t, Attempt: rt.attempt}
+	return nil
+}
+
+// startRun opens the run's first transaction with its start and the savepoint after it: one round
+// trip on the pool path. When the row says the run was not started (its key is taken), the
+// transaction stays open holding nothing, for the caller to roll back or to replace the key in.
+func (rt *runTx) startRun(ctx context.Context, p store.RunStartParams) (store.RunStartRow, error) {
+	e := rt.rs.e
+	start := e.st.RunStart(p)
+	rt.attempt = &txctl.Attempt{}
+	var (
+		row store.RunStartRow
+		err error
+	)
+	if pool := e.pool(); pool != nil {
+		conn, aerr := pool.Acquire(ctx)
+		if aerr != nil {
+			return row, fmt.Errorf("workflow: error acquiring a connection: %w", aerr)
+		}
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		b.Queue(start.SQL, start.Args...)
+		b.Queue(startSavepoint)
+		br := conn.Conn().SendBatch(ctx, b)
+		rt.conn, rt.real = conn, br.Tx()
+		rt.own = txown.Begun(conn.Conn(), pgx.TxOptions{}, rt.attempt, rt.real)
+		rt.view = rt.own
+		row, err = readStart(br, true)
+	} else {
+		t, berr := e.db.Begin(ctx)
+		if berr != nil {
+			return row, fmt.Errorf("workflow: error beginning a transaction: %w", berr)
+		}
+		rt.real, rt.view = t, &txown.Plain{Tx: t, Attempt: rt.attempt}
+		b := &pgx.Batch{}
+		b.Queue(start.SQL, start.Args...)
+		b.Queue(startSavepoint)
+		row, err = readStart(t.SendBatch(ctx, b), false)
+	}
+	if err != nil {
+		rt.rollback(ctx)
+		return row, err
+	}
+	rt.start, rt.clean = row.Started, row.Started
+	return row, nil
+}
+
+// readStart reads the results of the start's batch: BEGIN's (when it began the transaction), the
+// start's row and the savepoint's.
+func readStart(br pgx.BatchResults, begins bool) (store.RunStartRow, error) {
+	defer br.Close()
+	if begins {
+		if _, err := br.Exec(); err != nil {
+			return store.RunStartRow{}, err
+		}
+	}
+	row, err := store.ScanRunStart(br.QueryRow())
+	if err != nil {
+		return row, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return row, err
+	}
+	return row, br.Close()
+}
+
+// replace gives the open transaction's expired key (whose lock startRun took) to this run, and
+// sets the savepoint after it: from here the transaction carries the run's start.
+func (rt *runTx) replace(ctx context.Context, p store.RunReplaceParams) (store.RunReplaced, bool, error) {
+	r, ok, err := rt.rs.e.st.RunReplace(ctx, rt.real, p)
+	if err != nil || !ok {
+		return r, ok, err
+	}
+	if _, err := rt.real.Exec(ctx, startSavepoint); err != nil {
+		return r, false, err
+	}
+	rt.start, rt.clean = true, true
+	return r, true, nil
+}
+
+// forStep returns the transaction a Tx step's attempt runs in: the open one when it holds only
+// the run's start (shared reports so), a new one otherwise. The boundary before the step has
+// committed whatever else was open.
+func (rt *runTx) forStep(ctx context.Context) (t pgx.Tx, shared bool, err error) {
+	if rt.open() && rt.clean {
+		return rt.view, true, nil
+	}
+	if rt.open() {
+		return nil, false, fmt.Errorf("workflow: a transaction holding %q is still open at a step boundary", rt.step)
+	}
+	if err := rt.begin(ctx); err != nil {
+		return nil, false, err
+	}
+	return rt.view, false, nil
+}
+
+// hold keeps the open transaction, with the step's checkpoint queued for its COMMIT, until the
+// run's next boundary.
+func (rt *runTx) hold(d txctl.Deferred, step string) {
+	rt.attempt.Queue(d)
+	rt.step, rt.clean = step, false
+}
+
+// undoStep takes back what a failed attempt of a Tx step wrote: back to the savepoint when the
+// step shares the start's transaction (which stays open, carrying the start), the whole
+// transaction otherwise.
+func (rt *runTx) undoStep(ctx context.Context) error {
+	if !rt.open() {
+		return nil
+	}
+	if !rt.clean {
+		rt.rollback(ctx)
+		return nil
+	}
+	rt.attempt.TakePending() // writes the attempt queued (an idem.Do's key) go with it
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := rt.real.Exec(rctx, "ROLLBACK TO "+startSavepoint[len("SAVEPOINT "):]); err != nil {
+		rt.rollback(ctx)
+		return fmt.Errorf("workflow: error undoing a failed attempt: %w", err)
+	}
+	// A new attempt: its memo of Do's results, and what it queued, were the undone attempt's.
+	rt.attempt = &txctl.Attempt{}
+	if rt.own != nil {
+		rt.own.Close()
+		rt.own = txown.Begun(rt.conn.Conn(), pgx.TxOptions{}, rt.attempt, rt.real)
+		rt.view = rt.own
+	} else {
+		rt.view = &txown.Plain{Tx: rt.real, Attempt: rt.attempt}
+	}
+	return nil
+}
+
+// queue keeps a Call's checkpoint for the next transaction that commits.
+func (rt *runTx) queue(p store.CheckpointParams) { rt.pending = append(rt.pending, p) }
+
+// commit commits the open transaction with the pending checkpoints and extra queued last, opening
+// one for them when none is open (one round trip: BEGIN, the writes and COMMIT in a batch). Each
+// queued write comes after a statement that fences the run (a Tx step's checkpoint, a wait's
+// lock, the outcome), so the pending checkpoints need no fence of their own. On failure the
+// transaction is rolled back and the pending checkpoints stay.
+func (rt *runTx) commit(ctx context.Context, extra ...txctl.Deferred) error {
+	if !rt.open() {
+		if len(rt.pending) == 0 && len(extra) == 0 {
+			return nil
+		}
+		if err := rt.begin(ctx); err != nil {
+			return err
+		}
+	}
+	st := rt.rs.e.st
+	for _, p := range rt.pending {
+		rt.attempt.Queue(rt.rs.deferredCheckpoint(st.StepCheckpointInFenced(p), p.Name))
+	}
+	for _, d := range extra {
+		rt.attempt.Queue(d)
+	}
+	var err error
+	if rt.own != nil {
+		err = rt.own.CommitNow(ctx)
+	} else {
+		err = rt.commitPlain(ctx)
+	}
+	carriedStart := rt.start
+	rt.close(ctx, err != nil)
+	if err != nil {
+		return err
+	}
+	rt.pending = nil
+	if carriedStart {
+		rt.rs.markCommitted()
+	}
+	return nil
+}
+
+// commitPlain is commit with another DB than a pool: each queued write on its own, then COMMIT.
+func (rt *runTx) commitPlain(ctx context.Context) error {
+	for _, d := range rt.attempt.TakePending() {
+		if _, err := rt.real.Exec(ctx, d.SQL, d.Args...); err != nil {
+			if d.MapErr != nil {
+				return d.MapErr(err)
+			}
+			return err
+		}
+	}
+	if err := rt.real.Commit(ctx); err != nil {
+		wrapped, _ := txown.CommitError(err)
+		return wrapped
+	}
+	return nil
+}
+
+// flushFenced commits the pending checkpoints in a transaction of their own, each fenced (no
+// other statement fences them here), for a run that stops before its next transaction.
+func (rt *runTx) flushFenced(ctx context.Context) error {
+	if len(rt.pending) == 0 {
+		return nil
+	}
+	st := rt.rs.e.st
+	extra := make([]txctl.Deferred, 0, len(rt.pending))
+	for _, p := range rt.pending {
+		extra = append(extra, rt.rs.deferredCheckpoint(st.StepCheckpoint(p), p.Name))
+	}
+	rt.pending = nil
+	return rt.commit(ctx, extra...)
+}
+
+// record writes a failed attempt's row: with the start, when the step shared the start's
+// transaction (which then commits: a failed attempt is worth keeping, and the next attempt runs in
+// a transaction of its own), on its own otherwise.
+func (rt *runTx) record(ctx context.Context, s store.Stmt) error {
+	if rt.open() && rt.clean {
+		return rt.commit(ctx, txctl.Deferred{SQL: s.SQL, Args: s.Args})
+	}
+	_, err := s.Exec(ctx, rt.rs.e.db)
+	return err
+}
+
+// rollback ends the open transaction, if any, without committing it.
+func (rt *runTx) rollback(ctx context.Context) { rt.close(ctx, true) }
+
+// close ends the view and gives the connection back, rolling the transaction back first when
+// told (after a failed COMMIT, the server has already ended it).
+func (rt *runTx) close(ctx context.Context, rollback bool) {
+	if rt.view == nil && rt.conn == nil && rt.real == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	switch {
+	case rt.own != nil:
+		rt.own.Close()
+		if rollback {
+			rt.own.RollbackNow(rctx)
+		}
+	case rt.conn != nil:
+		// The start's batch failed before a view was made.
+		txown.New(rt.conn.Conn(), pgx.TxOptions{}, nil).RollbackNow(rctx)
+	case rt.real != nil && rollback:
+		if err := rt.real.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+			rt.rs.e.log.DebugContext(ctx, "workflow: error rolling back a run's transaction", "error", err)
+		}
+	}
+	if rt.conn != nil {
+		rt.conn.Release()
+	}
+	rt.conn, rt.real, rt.own, rt.view, rt.attempt = nil, nil, nil, nil, nil
+	rt.start, rt.step, rt.clean = false, "", false
+}
