@@ -33,8 +33,11 @@ var crashKey = idem.Key{Scope: "merchant:7", ID: "crash-1"}
 
 func runHelper() int {
 	point := os.Getenv(helperEnv)
-	if point == sleepPoint {
+	switch point {
+	case sleepPoint:
 		return runSleepHelper()
+	case leaderPoint:
+		return runLeaderHelper()
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(helperDBEnv))

@@ -147,6 +147,9 @@ type Engine struct {
 
 	// heartbeatOff stops lease renewals, to let tests play a paused process.
 	heartbeatOff atomic.Bool
+
+	workers atomic.Bool // AddWorkers was called: this process works the engine's jobs
+	bg      background  // the recovery scan and the gauge, until Close
 }
 
 // NewEngine returns an Engine for db. cfg may be nil for all defaults (and no workflows, which
@@ -246,8 +249,17 @@ func (e *Engine) pool() *pgxpool.Pool {
 // [Engine.AddWorkers], so it cannot exist before the engine). Inside River workers the engine
 // falls back to the client River puts in the context.
 //
+// When the engine's workers were added (AddWorkers), SetClient also starts the engine's own
+// recovery scan, so that the runs of a process that died are resumed moments after their lease
+// runs out, without waiting for River's leader (see [Engine.Close] to stop it).
+//
 //	engine.SetClient(client)
-func (e *Engine) SetClient(client *river.Client[pgx.Tx]) { e.client.Store(client) }
+func (e *Engine) SetClient(client *river.Client[pgx.Tx]) {
+	e.client.Store(client)
+	if client != nil && e.workers.Load() {
+		e.startScanning()
+	}
+}
 
 // riverClient returns the client for inserting jobs from ctx: the one given to SetClient, else
 // the one River puts in a worker's context.

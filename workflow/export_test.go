@@ -14,3 +14,15 @@ func PauseHeartbeat(e *Engine) { e.heartbeatOff.Store(true) }
 func Reap(ctx context.Context, e *Engine) (int64, error) {
 	return idem.Reap(ctx, e.db, idem.Schema(e.cfg.Schema))
 }
+
+// StopOwnScan stops e's own recovery scan, so that only River's leader scans, as before the
+// engines scanned by themselves: the recovery benchmark's baseline.
+func StopOwnScan(e *Engine) {
+	e.bg.mu.Lock()
+	cancel, done := e.bg.cancel, e.bg.done
+	e.bg.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}

@@ -85,6 +85,7 @@ func (b *testBundle) engine(t testing.TB, cfg *workflow.Config) *workflow.Engine
 	t.Helper()
 	e, err := workflow.NewEngine(b.pool, cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
 	return e
 }
 

@@ -83,6 +83,7 @@ func (e *Engine) AddWorkers(workers *river.Workers) error {
 	if err != nil {
 		return err
 	}
+	e.workers.Store(true)
 	return errors.Join(
 		river.AddWorkerSafely[ResumeArgs](workers, &resumeWorker{e: e}),
 		river.AddWorkerSafely[ScanArgs](workers, &scanWorker{e: e}),

@@ -182,7 +182,7 @@ func (e *Engine) observeRuns() {
 		return
 	}
 	schema := attribute.String("idem.schema", e.cfg.Schema)
-	_, _ = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	e.bg.gauge, _ = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		counts, err := e.st.RunCountByState(ctx, e.db)

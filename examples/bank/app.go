@@ -207,6 +207,7 @@ func (a *app) stopRiver() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = a.river.Stop(ctx)
+	_ = a.engine.Close()
 }
 
 // stop shuts the server down first, so that no request starts work River would not finish,

@@ -153,7 +153,7 @@ FROM {runs} WHERE state = 'running' AND lease_expires_at <= now()
 ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED`),
 
 		nextExpiry: t.render(`SELECT (extract(epoch FROM min(lease_expires_at) - now()) * 1000000)::int8
-FROM {runs} WHERE state = 'running'`),
+FROM {runs} WHERE state = 'running' AND lease_expires_at > now()`),
 
 		inspect: t.render(`SELECT r.state, r.workflow, r.input, r.attempts, r.lease_expires_at <= now(), r.lease_token,
 	coalesce(extract(epoch FROM now() - r.lease_expires_at), 0)::float8,
@@ -409,8 +409,8 @@ func (st *Statements) RunScan(ctx context.Context, q Querier, limit int) ([]Scan
 	})
 }
 
-// RunNextExpiry says how long until the next lease of a running run runs out, by Postgres's
-// clock (negative when one has already); ok is false when no run is running.
+// RunNextExpiry says how long until the next live lease of a running run runs out, by
+// Postgres's clock; ok is false when no lease is live.
 func (st *Statements) RunNextExpiry(ctx context.Context, q Querier) (d time.Duration, ok bool, err error) {
 	var us *int64
 	if err := q.QueryRow(ctx, st.runs.nextExpiry).Scan(&us); err != nil {
