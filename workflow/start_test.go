@@ -42,7 +42,9 @@ func newCounter(b *testBundle) *counter {
 	return &counter{b: b, entered: make(chan struct{}, 64), release: make(chan struct{})}
 }
 
-func (c *counter) define(name string) *workflow.Workflow[countedIn, int] { return c.defineDying(name, nil) }
+func (c *counter) define(name string) *workflow.Workflow[countedIn, int] {
+	return c.defineDying(name, nil)
+}
 
 // defineDying is define with a hook in the second step, once the first has committed: the
 // process "dies" there (the hook cancels the run's context), and the run keeps its lease until
