@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -312,4 +313,23 @@ func TestStartContract(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestStartTxLogsAStart checks that a run started with StartTx, which its resume job begins, is
+// logged as a start, not as a resumed run on its first attempt (which reads as crash recovery).
+func TestStartTxLogsAStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newCounter(b)
+	wf := c.define("background")
+	var logs syncBuffer
+	cfg := fastConfig(wf)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	e := b.engine(t, cfg)
+	b.startRiver(t, e)
+	k := idem.Key{Scope: "s", ID: "k"}
+	require.NoError(t, b.inTx(func(ctx context.Context, t pgx.Tx) error { return wf.StartTx(ctx, e, t, k, countedIn{N: 1}) }))
+	require.Equal(t, "done", b.waitFinished(t, k))
+	require.Contains(t, logs.String(), `msg="workflow: starting run" workflow=background`)
+	require.NotContains(t, logs.String(), "resuming run")
 }

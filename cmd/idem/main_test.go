@@ -226,6 +226,7 @@ func TestCLI(t *testing.T) {
 		})
 		e, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{wf}, Lease: time.Second, ScanInterval: time.Second, Logger: quiet()})
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = e.Close() })
 		workers := river.NewWorkers()
 		require.NoError(t, e.AddWorkers(workers))
 		client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{
@@ -258,6 +259,8 @@ func TestCLI(t *testing.T) {
 		require.Regexp(t, `(?m)^state\s+failed$`, out)
 		require.Regexp(t, `(?m)^1\s+reserve\s+call\s+1\s+\S+\s+"reserve ok"$`, out)
 		require.Regexp(t, `(?m)^2\s+charge\s+call\s+1\s+\S+\s+error: card processor down$`, out)
+		require.Regexp(t, `(?m)^SEQ\s+STEP\s+ATTEMPT\s+AT\s+OUTCOME\s+ERROR$`, out, "every failed attempt is shown")
+		require.Regexp(t, `(?m)^2\s+charge\s+1\s+\S+\s+permanent\s+card processor down$`, out)
 
 		r := b.idem(t, "runs", "cancel", "merchant:7", "payout-1")
 		require.Equal(t, 1, r.code)

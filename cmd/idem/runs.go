@@ -184,6 +184,16 @@ var runsShowCmd = &command{
 				t.row(strconv.Itoa(s.Seq), s.Name, s.Kind, strconv.Itoa(s.Attempts), stamp(s.Created), clip(result, 80))
 			}
 			t.flush()
+			if len(r.Failures) > 0 {
+				// Every failed attempt, not only the last: why a step ran three times.
+				fmt.Fprintln(c.stdout)
+				t = newTable(c.stdout)
+				t.row("SEQ", "STEP", "ATTEMPT", "AT", "OUTCOME", "ERROR")
+				for _, a := range r.Failures {
+					t.row(strconv.Itoa(a.Seq), a.Step, strconv.Itoa(a.Attempt), stamp(a.At), string(a.Outcome), clip(a.Error, 120))
+				}
+				t.flush()
+			}
 			return nil
 		})
 	},
