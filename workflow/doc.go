@@ -26,23 +26,62 @@
 // # How it works
 //
 // A run's key is a row of idem_keys (the table idem.Do uses, so that a key names one operation,
-// Do's or a run's), and the run itself a row of idem_runs: state (running, done, failed,
-// cancelled), the workflow's name, its input and output, and a lease: a random token and an
-// expiry (Config.Lease), renewed every Lease/3 by the process that owns the run. Each completed
-// step is a row of idem_steps, written by a statement that first checks that the run still has
-// the owner's token. That check is the fence: a process that lost its lease (it was paused, or
-// cut off, and another took the run over) cannot commit a step, and stops with [ErrLeaseLost].
-// River's own job completion does not fence a stale worker; the lease token does.
+// Do's or a run's), and the run itself a row of idem_runs: its state, the workflow's name, its
+// input and output, and a lease: a random token and an expiry (Config.Lease), renewed every
+// Lease/3 by the process that owns the run. Each completed step is a row of idem_steps, written
+// by a statement that first checks that the run still has the owner's token. That check is the
+// fence: a process that lost its lease (it was paused, or cut off, and another took the run over)
+// cannot commit a step, and stops with [ErrLeaseLost]. River's own job completion does not fence
+// a stale worker; the lease token does. Each failed attempt of a step is a row of
+// idem_step_attempts (its error, number, time and outcome), so that [Engine.RunGet] shows every
+// attempt, not only the last.
 //
-// Bookkeeping travels with the run's own transactions instead of adding some: a new run's rows
-// are written by the BEGIN of its first Tx step; a Call's checkpoint is written with the next
-// step's transaction (or at once with StepOpts.CheckpointNow); a Tx step's COMMIT waits for the
-// next step boundary, so that the run's outcome commits with its last step. A run of two Tx
-// steps and a Call costs five round trips where the bare transactions cost six.
+// # The start contract
+//
+// No workflow code runs for a key the call does not own. A run's first transaction opens when it
+// starts: BEGIN, the key's in-flight lock (taken without waiting, as idem.Do takes it), the run's
+// row and a read of the key, in one round trip. That read answers before the workflow function
+// is called: a finished run's key replays its stored outcome; a run in flight is
+// idem.ErrInFlight (or, with RunOpts.Wait, waited for); a key of another workflow, of idem.Do or
+// of other input is idem.ErrMismatch; a run whose owner died is taken over, and its code runs
+// once, from its history. The first Tx step runs in that same transaction, behind a savepoint (a
+// failed attempt is undone to it and recorded, which commits the start); a Call, a wait or the
+// run's end commits it first. So a run exists once its first step commits: a process that dies,
+// or code that panics, before that leaves nothing, and the key is free again.
+//
+// Bookkeeping travels with the run's own transactions instead of adding some. A run has at most
+// one open transaction at a time (the start's, or a Tx step's, held until the run's next step
+// boundary so that the outcome commits with the last step); a Call's checkpoint waits for the
+// next transaction that commits (or is written at once with StepOpts.CheckpointNow). A run of
+// two Tx steps and a Call costs five round trips where the bare transactions cost six; a replay
+// costs two. With a DB that is not a *pgxpool.Pool the same code begins its transactions with
+// DB.Begin, in more round trips.
 //
 // A resumed run calls the workflow function from the top; each step finds its row and returns
 // the stored output without running. A step that does not match the history at its position
 // (the code changed under a run in progress) stops the run with a *NonDeterminismError.
+//
+// # A run's states
+//
+// A run is in one [RunState] at a time; this is every transition, and who makes it:
+//
+//	             Workflow.Run (this process owns it), StartTx / RunFork (ownerless: a resume job takes it)
+//	                                   │
+//	                                   ▼
+//	 resume job, a Run call ─────► running ◄──────────────────────── wake job: the sleep is over, a signal
+//	 (lease expired: takeover)     │  │  │                               came, or the await timed out
+//	                               │  │  └── steps.Sleep ──────► sleeping ──┤
+//	                               │  └───── steps.Await ──────► awaiting ──┘
+//	                               │
+//	     the workflow returns ─────┼──────────► done, failed
+//	     the deadline passes ──────┼──────────► timed_out   (the owner at a step boundary, or the wake job)
+//	     Engine.RunCancel ─────────┴──────────► cancelled   (also from sleeping and awaiting)
+//	     reconcile hook (out of attempts, or unregistered): Complete → done, Fail → failed,
+//	                                                        ResumeLater → running, ownerless
+//	     Engine.RunResume: failed, cancelled, or running without a live lease → running, ownerless
+//
+// Only a running run has a lease; only a finished one (done, failed, cancelled, timed out)
+// expires and is reaped; a waiting one has neither, and holds nothing until its job wakes it.
 //
 // # Recovery with River
 //
@@ -50,9 +89,11 @@
 // each other's jobs). [Engine.AddWorkers] adds four workers (the wake job of waiting runs is
 // described below) and [Engine.PeriodicJobs] returns two periodic jobs:
 //
-//   - the scan (every Config.ScanInterval) finds runs whose lease expired, in batches, with FOR
-//     UPDATE SKIP LOCKED, and inserts one resume job per run and expired lease (unique by its
-//     arguments);
+//   - the scan finds runs whose lease expired, in batches, with FOR UPDATE SKIP LOCKED, and
+//     inserts one resume job per run and expired lease (unique by its arguments). Every engine
+//     whose workers run in the process scans by itself from SetClient on, waking when the next
+//     live lease runs out (at most every ScanInterval), so recovery does not wait for River's
+//     leader; the periodic scan job runs it too, on the leader;
 //   - the resume job takes a new lease and continues the run from its last completed step, in
 //     whatever process works it; a run out of attempts (Config.MaxAttempts), or whose workflow is
 //     not registered anywhere after Config.UnregisteredGrace, goes to Config.Reconcile instead,
@@ -75,7 +116,8 @@
 //     River, tells whether a run is alive. RescueStuckJobsAfter: any; a rescued resume job finds
 //     the run's lease live and ends.
 //
-//   - engine.SetClient(client) once the client exists, for steps.Enqueue outside River workers.
+//   - engine.SetClient(client) once the client exists, for steps.Enqueue outside River workers
+//     and for the engine's own recovery scan; engine.Close() stops that scan at shutdown.
 //
 //   - FetchCooldown and FetchPollInterval: River's defaults (100 ms, 1 s) bound how soon a job
 //     inserted by StartTx, the scan or a signal starts; set them to 10 ms and 100 ms when runs
@@ -113,6 +155,6 @@
 // completed step, and [Engine.RunFork] reruns a run from a step under a new key. None of them
 // needs the workflow registered, so cmd/idem offers them to operators.
 //
-// Tables: idem.Migrate creates them (idem_keys, idem_runs, idem_steps, idem_signals and
-// idem_events; see schema.sql), and River's own with rivermigrate.
+// Tables: idem.Migrate creates them (idem_keys, idem_runs, idem_steps, idem_step_attempts,
+// idem_signals and idem_events; see schema.sql), and River's own with rivermigrate.
 package workflow

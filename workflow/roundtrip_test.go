@@ -44,8 +44,17 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return steps.Tx(ctx, "last", func(ctx context.Context, tx pgx.Tx) (int, error) { return 3, insert(ctx, tx, "last") }, nil)
 	})
-	e, err := workflow.NewEngine(pool, &workflow.Config{Workflows: []workflow.Definition{wf}, Logger: quietLogger()})
+	// A run whose first step is a Call commits its start on its own first: the call's derived key
+	// needs the run's creation committed.
+	callFirst := workflow.Define("rt-call-first", func(ctx context.Context, in int) (int, error) {
+		if _, err := steps.Call(ctx, "call", func(context.Context, string) (int, error) { return 2, nil }, nil); err != nil {
+			return 0, err
+		}
+		return steps.Tx(ctx, "last", func(ctx context.Context, tx pgx.Tx) (int, error) { return 3, insert(ctx, tx, "last") }, nil)
+	})
+	e, err := workflow.NewEngine(pool, &workflow.Config{Workflows: []workflow.Definition{wf, callFirst}, Logger: quietLogger()})
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
 	run := func(i int) func() error {
 		return func() error {
 			_, err := wf.Run(b.ctx, e, idem.Key{Scope: "s", ID: fmt.Sprint(i)}, i, nil)
@@ -58,10 +67,17 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return pgx.BeginFunc(b.ctx, pool, func(tx pgx.Tx) error { return insert(b.ctx, tx, "last") })
 	}
+	runCallFirst := func(i int) func() error {
+		return func() error {
+			_, err := callFirst.Run(b.ctx, e, idem.Key{Scope: "c", ID: fmt.Sprint(i)}, i, nil)
+			return err
+		}
+	}
 	// Warm every connection's statement cache, as in a long-lived pool.
 	for i := range 20 {
 		require.NoError(t, run(-1-i)())
 		require.NoError(t, run(-1-i)()) // and its replay
+		require.NoError(t, runCallFirst(-1-i)())
 		require.NoError(t, bare())
 	}
 	measure := func(f func() error) (trips, statements int) {
@@ -81,4 +97,8 @@ func TestRoundTrips(t *testing.T) {
 	trips, statements = measure(run(1))
 	require.Equal(t, 2, trips, "a replay: BEGIN+start+SAVEPOINT, which reads the stored outcome, then ROLLBACK (%d statements)", statements)
 	require.Equal(t, 4, statements)
+
+	trips, statements = measure(runCallFirst(1))
+	require.Equal(t, 4, trips, "BEGIN+start+SAVEPOINT, COMMIT; BEGIN+INSERT, checkpoints+outcome+COMMIT (%d statements)", statements)
+	require.Equal(t, 10, statements, "BEGIN, start, SAVEPOINT, COMMIT, BEGIN, INSERT, two checkpoints, outcome, COMMIT")
 }
