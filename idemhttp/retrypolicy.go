@@ -44,16 +44,25 @@ func RetryPolicy(ctx context.Context, resp *http.Response, err error) (bool, err
 // RetryBackoff is the wait of [Transport] before a retry, with the signature of
 // go-retryablehttp's Backoff (see [RetryPolicy]): the response's Retry-After when it has one,
 // whatever its status (409 and 503 from [Middleware] carry one), and otherwise, or when
-// Retry-After asks for less, full jitter up to min·2^attemptNum, capped at max. attemptNum
-// counts retries from 0, as go-retryablehttp does.
+// Retry-After asks for less, full jitter up to min·2^attemptNum. The wait is never more than
+// max, whatever Retry-After asks for: a server cannot park the client longer than it chose.
+// attemptNum counts retries from 0, as go-retryablehttp does.
 //
 //	client.Backoff = idemhttp.RetryBackoff // with client.RetryWaitMin, client.RetryWaitMax
 func RetryBackoff(min, max time.Duration, attemptNum int, resp *http.Response) time.Duration {
 	wait := backoff.Jitter{Min: min, Max: max}.Wait(attemptNum + 1)
 	if resp != nil {
 		if ra, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok && ra > wait {
-			return ra
+			wait = ra
 		}
 	}
-	return wait
+	return clamp(wait, max)
+}
+
+// clamp bounds d by max, when max is set.
+func clamp(d, max time.Duration) time.Duration {
+	if max > 0 && d > max {
+		return max
+	}
+	return d
 }

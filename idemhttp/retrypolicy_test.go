@@ -70,13 +70,26 @@ func TestRetryPolicy(t *testing.T) {
 	require.False(t, retry)
 	require.ErrorIs(t, err, context.Canceled)
 
-	// Retry-After wins on any status, and the jitter stays within its bounds otherwise.
-	require.Equal(t, 3*time.Second, idemhttp.RetryBackoff(time.Millisecond, time.Second, 0, resp(409, "Retry-After", "3")))
+	// Retry-After wins on any status, up to max, and the jitter stays within its bounds otherwise.
+	require.Equal(t, 3*time.Second, idemhttp.RetryBackoff(time.Millisecond, 5*time.Second, 0, resp(409, "Retry-After", "3")))
 	for n := range 10 {
 		d := idemhttp.RetryBackoff(10*time.Millisecond, 40*time.Millisecond, n, resp(500))
 		require.Positive(t, d)
 		require.LessOrEqual(t, d, min(10*time.Millisecond<<n, 40*time.Millisecond))
 	}
+}
+
+// TestRetryBackoffHonoursMax: a server's Retry-After cannot make a client wait longer than the
+// max it configured, whether seconds or an HTTP date, however far off.
+func TestRetryBackoffHonoursMax(t *testing.T) {
+	t.Parallel()
+	for _, ra := range []string{"3", "86400", "31536000", time.Now().Add(240 * time.Hour).UTC().Format(http.TimeFormat)} {
+		resp := &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {ra}}}
+		require.Equal(t, time.Second, idemhttp.RetryBackoff(time.Millisecond, time.Second, 0, resp), "Retry-After: %s", ra)
+	}
+	// Below max, Retry-After is honoured as it is.
+	resp := &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"2"}}}
+	require.Equal(t, 2*time.Second, idemhttp.RetryBackoff(time.Millisecond, time.Minute, 0, resp))
 }
 
 // TestRetryPolicyAgainstMiddleware drives the middleware with a client loop shaped like
