@@ -118,7 +118,9 @@ func RetryAfter(d time.Duration) Option {
 
 // Schema names the Postgres schema that holds idem's tables, as River's Schema setting does.
 // The default, "", leaves the name unqualified so that search_path decides. Give the same
-// option to [Migrate] and to every call.
+// option to [Migrate] and to every call. Schema("public") and the default take the same
+// in-flight lock for a key (both reach public's tables under the default search_path); where
+// search_path puts idem's tables in another schema, name it here in every call.
 //
 //	idem.Migrate(ctx, pool, idem.Schema("billing"))
 //	idem.Do(ctx, tx, key, fn, idem.Schema("billing"))

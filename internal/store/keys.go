@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"strings"
+	"unicode/utf8"
 )
 
 // KeyStatements are idem.Do's statements on idem_keys.
@@ -113,10 +115,14 @@ func finishKeyRow(row KeyRow, live *bool) KeyRow {
 // collision costs a spurious in-flight answer, never a wrong one, since the row, not the lock,
 // decides what is stored. The schema is part of it so that two installations of idem in one
 // database do not block each other. Do and workflow runs take the same lock for a key.
+//
+// The schema goes in as Postgres resolves it ([LockSchema]), so that two spellings of one
+// schema take one lock: a lock per spelling would let two Do's on one key both run their
+// function.
 func LockID(schema, scope, id string) int64 {
 	h := sha256.New()
 	var n [8]byte
-	for _, part := range []string{"idem.lock.v1", schema, scope, id} {
+	for _, part := range []string{"idem.lock.v1", LockSchema(schema), scope, id} {
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		h.Write(n[:])
 		h.Write([]byte(part))
@@ -124,3 +130,27 @@ func LockID(schema, scope, id string) int64 {
 	var sum [sha256.Size]byte
 	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }
+
+// LockSchema is the schema as it names a table: what Postgres makes of the identifier TablesIn
+// quotes. pgx drops NUL bytes from it, and Postgres cuts it to 63 bytes (NAMEDATALEN - 1) at a
+// character boundary. "public", where the default search_path finds idem's tables, is "" (the
+// unqualified default), so that the default keeps the lock ids it always had. An application
+// whose search_path puts idem's tables elsewhere should name that schema (Schema option) in
+// every call, as the documentation of the option asks, or the two spellings take two locks.
+func LockSchema(schema string) string {
+	schema = strings.ReplaceAll(schema, "\x00", "")
+	if len(schema) > maxIdentifier {
+		cut := maxIdentifier
+		for cut > 0 && !utf8.RuneStart(schema[cut]) {
+			cut--
+		}
+		schema = schema[:cut]
+	}
+	if schema == "public" {
+		return ""
+	}
+	return schema
+}
+
+// maxIdentifier is the longest identifier Postgres keeps, in bytes.
+const maxIdentifier = 63

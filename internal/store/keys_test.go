@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash/fnv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,6 +30,22 @@ func TestLockID(t *testing.T) {
 		require.NotContains(t, seen, id, "%v collides with %v", k, seen[id])
 		seen[id] = k[0] + "|" + k[1] + "|" + k[2]
 	}
+}
+
+// TestLockIDSchemaSpellings: every spelling of a schema that names the same tables takes the
+// same lock, and different schemas take different ones.
+func TestLockIDSchemaSpellings(t *testing.T) {
+	t.Parallel()
+	same := func(a, b string) {
+		t.Helper()
+		require.Equal(t, LockID(a, "s", "k"), LockID(b, "s", "k"), "%q and %q", a, b)
+	}
+	same("", "public")
+	same("billing", "bill\x00ing")  // pgx drops NUL bytes from an identifier
+	long := strings.Repeat("é", 40) // 80 bytes; Postgres keeps 63, at a character boundary: 31 é
+	same(long, strings.Repeat("é", 31))
+	require.NotEqual(t, LockID("billing", "s", "k"), LockID("", "s", "k"))
+	require.NotEqual(t, LockID("Public", "s", "k"), LockID("public", "s", "k"), "a quoted identifier keeps its case")
 }
 
 // BenchmarkLockID measures what the cryptographic hash costs against the FNV-1a it replaced.
