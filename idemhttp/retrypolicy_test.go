@@ -133,7 +133,7 @@ func TestRetryPolicyAgainstMiddleware(t *testing.T) {
 			last = resp
 			break
 		}
-		wait := idemhttp.RetryBackoff(time.Millisecond, 10*time.Millisecond, attempt, resp)
+		wait := idemhttp.RetryBackoff(time.Millisecond, 5*time.Second, attempt, resp) // go-retryablehttp waits up to 30s by default
 		require.GreaterOrEqual(t, wait, time.Second, "a 409 carries Retry-After, which the backoff honours")
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
