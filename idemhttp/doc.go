@@ -61,6 +61,7 @@
 //   - idempotency-key-missing (400): the route requires a key and the request has none.
 //   - idempotency-key-invalid (400): the key is malformed, or sent more than once.
 //   - idempotency-scope-missing (400): Config.Scope found no identity for a keyed request.
+//   - idempotency-scope-ambiguous (400): the header [HeaderScope] reads was sent more than once.
 //   - request-body-unreadable (400): the body could not be read.
 //   - request-body-too-large (413): the body is over Config.MaxBodyBytes; nothing ran.
 //   - idempotency-key-in-flight (409): another request with the key is running; retry after

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,6 +46,7 @@ import (
 //	no key where the route requires one      400 (idempotency-key-missing)
 //	key malformed                            400 (idempotency-key-invalid)
 //	no identity (Config.Scope returned "")   400 (idempotency-scope-missing)
+//	HeaderScope's header sent twice          400 (idempotency-scope-ambiguous)
 //	body over Config.MaxBodyBytes            413 (request-body-too-large)
 //	handler flushes (streams)                500, rolled back (streaming-response-refused)
 //	Postgres unreachable or failing          503 + Retry-After; the handler did not run, or was rolled back
@@ -133,6 +135,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	key := idem.Key{Scope: m.cfg.Scope(r), ID: id}
+	if header, ok := strings.CutPrefix(key.Scope, ambiguousScope); ok {
+		m.writeProblem(w, problemScopeAmbiguous, 0, 0, fmt.Sprintf("The request has more than one %s header, which names the identity its %s is kept under. Send exactly one.", excerpt(header), m.cfg.KeyHeader))
+		return
+	}
 	if key.Scope == "" {
 		m.writeProblem(w, problemNoScope, 0, 0, fmt.Sprintf("The request carries an %s but no identity to keep the key under. Authenticate the request, or send it without the key.", m.cfg.KeyHeader))
 		return

@@ -9,9 +9,10 @@ import (
 )
 
 // DefaultProblemTypeBase starts the "type" URI of every problem the middleware answers with; the
-// rest is the problem's name, listed in the package documentation (for example
-// ".../idemhttp#idempotency-key-missing").
-const DefaultProblemTypeBase = "https://github.com/idemkit/idem/tree/main/idemhttp#"
+// rest is the problem's name, listed in the package documentation. The URI leads to the row of
+// the README's status table that explains the problem (for example
+// ".../README.md#idempotency-key-missing").
+const DefaultProblemTypeBase = "https://github.com/idemkit/idem/blob/main/README.md#"
 
 // Problem is an RFC 9457 problem details object, the body of every response the middleware
 // produces itself (as opposed to a response of the handler, or a replay of one). Clients can
@@ -40,6 +41,7 @@ var (
 	problemKeyMissing     = problemKind{"idempotency-key-missing", http.StatusBadRequest, "Idempotency key missing"}
 	problemKeyInvalid     = problemKind{"idempotency-key-invalid", http.StatusBadRequest, "Idempotency key invalid"}
 	problemNoScope        = problemKind{"idempotency-scope-missing", http.StatusBadRequest, "No identity for the idempotency key"}
+	problemScopeAmbiguous = problemKind{"idempotency-scope-ambiguous", http.StatusBadRequest, "More than one identity for the idempotency key"}
 	problemBodyTooLarge   = problemKind{"request-body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
 	problemBodyUnreadable = problemKind{"request-body-unreadable", http.StatusBadRequest, "Request body could not be read"}
 	problemInFlight       = problemKind{"idempotency-key-in-flight", http.StatusConflict, "Request with this idempotency key is in progress"}
@@ -50,6 +52,11 @@ var (
 	problemMisconfigured  = problemKind{"idempotency-misconfigured", http.StatusInternalServerError, "Idempotency misconfigured"}
 	problemUnavailable    = problemKind{"idempotency-store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
 )
+
+// problemKinds are all of them, for the test that holds the README to them.
+var problemKinds = []problemKind{problemKeyMissing, problemKeyInvalid, problemNoScope, problemScopeAmbiguous, problemBodyTooLarge,
+	problemBodyUnreadable, problemInFlight, problemMismatch, problemStreaming, problemTooLarge, problemHandlerTx,
+	problemMisconfigured, problemUnavailable}
 
 // maxDetail bounds a problem's detail; maxEcho the part of it quoted from the request. A detail
 // that repeated a client's header or path in full would let a client make the server write,

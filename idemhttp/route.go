@@ -108,7 +108,9 @@ func Key(ctx context.Context) (idem.Key, bool) {
 // HeaderScope returns a Config.Scope that scopes keys by the value of a request header, such as
 // an API key: the scope is the header's name and a SHA-256 digest of its value, so the credential
 // itself is not stored. A request without the header has no scope (and gets a 400 if it carries
-// an idempotency key).
+// an idempotency key). A request that carries the header more than once names more than one
+// identity, and taking either would file the key under a guess: it gets a 400
+// (idempotency-scope-ambiguous) and nothing runs.
 //
 // Use it only for a header that stays the same across retries of a request. A bearer token
 // that is refreshed between a request and its retry would change the scope, and the retry would
@@ -118,11 +120,19 @@ func Key(ctx context.Context) (idem.Key, bool) {
 func HeaderScope(name string) func(r *http.Request) string {
 	prefix := strings.ToLower(name) + ":"
 	return func(r *http.Request) string {
-		v := r.Header.Get(name)
-		if v == "" {
+		vs := r.Header.Values(name)
+		switch {
+		case len(vs) > 1:
+			return ambiguousScope + name
+		case len(vs) == 0 || vs[0] == "":
 			return ""
 		}
-		sum := sha256.Sum256([]byte(v))
+		sum := sha256.Sum256([]byte(vs[0]))
 		return prefix + hex.EncodeToString(sum[:])
 	}
 }
+
+// ambiguousScope starts what HeaderScope returns for a repeated header, followed by the header's
+// name. The NUL makes it a scope that idem.Key.Validate refuses, so it can never be taken for
+// one, should it reach idem some other way.
+const ambiguousScope = "\x00idemhttp: repeated scope header\x00"
