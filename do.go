@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txctl"
+	"github.com/idemkit/idem/internal/txown"
 )
 
 // Do runs fn at most once per key, inside t, and returns its result; a later call with the same
@@ -194,8 +195,18 @@ func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, k
 		return out, outcomeReplay, err
 	}
 
-	out, err := fn(keyctx.With(ctx, cfg.schema, key.Scope, key.ID), t)
+	// fn gets a transaction that refuses statements ending it (see tx.ErrTxControl): one from
+	// tx.Run does already, the caller's own is wrapped. The key is written only into the
+	// transaction fn's effects are in, so after fn Do checks that it is still open.
+	fnTx := t
+	if attempt == nil {
+		fnTx = txown.NewGuard(t, nil)
+	}
+	out, err := fn(keyctx.With(ctx, cfg.schema, key.Scope, key.ID), fnTx)
 	if err != nil {
+		return zero, outcomeError, err
+	}
+	if err := txown.Ended(fnTx); err != nil {
 		return zero, outcomeError, err
 	}
 	data, err := marshalResult(out)

@@ -28,6 +28,23 @@ import (
 // rerun succeeded, because then the outcome is still unknown.
 var ErrCommitUnknown = txown.ErrCommitUnknown
 
+// ErrTxControl is wrapped by the error [Run] returns when fn tried to end the transaction it
+// was given: a COMMIT, ROLLBACK, END, ABORT or PREPARE TRANSACTION, however spelled (comments,
+// case, several statements in one string) and however sent (Exec, Query, QueryRow, SendBatch,
+// Prepare, a savepoint's methods). Such a statement is refused before it reaches the server,
+// since a COMMIT that went out could not be taken back, and the attempt then cannot commit:
+// its later statements fail with the same error, and Run rolls it back and returns the error
+// (whether fn returned nil or not) without retrying. A transaction ended through fn's own use of
+// the raw connection (Conn) is found at the next statement or at COMMIT and fails the same way.
+// Savepoints stay fn's to use: SAVEPOINT, RELEASE and ROLLBACK TO, or Begin on the transaction.
+//
+//	err := tx.Run(ctx, pool, func(ctx context.Context, dbtx pgx.Tx) error {
+//		_, err := dbtx.Exec(ctx, "COMMIT") // refused: return nil to commit
+//		return err
+//	})
+//	errors.Is(err, tx.ErrTxControl) // true
+var ErrTxControl = txown.ErrTxControl
+
 // IsRetryable reports whether err means that running the same transaction
 // again may succeed: a serialization failure (SQLSTATE 40001) or a deadlock
 // (SQLSTATE 40P01) reported by Postgres anywhere in err's chain, or an error

@@ -267,9 +267,15 @@ func runOnce(ctx context.Context, db Beginner, cfg *config, a *txctl.Attempt, fn
 	// Rolls back when fn panics; after Commit or Rollback it is a no-op.
 	defer func() { _ = real.Rollback(ctx) }()
 
-	if err := fn(ctx, &txown.Plain{Tx: real, Attempt: a}); err != nil {
+	guarded := txown.NewGuard(real, a)
+	if err := fn(ctx, guarded); err != nil {
 		_ = real.Rollback(ctx) // fn's error says more than a failed rollback
 		return IsRetryable(err), err
+	}
+	if err := guarded.TxEnded(); err != nil {
+		// fn tried to end the transaction (refused), or did through the raw connection.
+		_ = real.Rollback(ctx)
+		return false, err
 	}
 
 	// pgx would not send COMMIT with a done context, yet report it as a
@@ -320,7 +326,7 @@ func runNested(ctx context.Context, parent pgx.Tx, cfg *config, fn func(context.
 	// attempt of its own, which nothing reads.
 	var child pgx.Tx = sp
 	if _, ok := sp.(txctl.Carrier); !ok {
-		child = &txown.Savepoint{Tx: sp, Attempt: &txctl.Attempt{}}
+		child = txown.NewSavepoint(sp, &txctl.Attempt{})
 	}
 	if err := fn(ctx, child); err != nil {
 		_ = child.Rollback(ctx)

@@ -26,6 +26,7 @@ type Attempt struct {
 	mu      sync.Mutex
 	pending []Deferred
 	memo    map[any]any
+	failed  error
 }
 
 // Deferred is a write that tx.Run sends after everything fn did, in the round trip of COMMIT.
@@ -97,6 +98,26 @@ func (a *Attempt) SetMemo(k, v any) {
 		a.memo = map[any]any{}
 	}
 	a.memo[k] = v
+}
+
+// Fail marks the attempt's transaction as one that must not commit: fn tried to end it, or
+// ended it through the raw connection. The first error is kept; every later statement, Do's
+// key write and the COMMIT are refused with it.
+func (a *Attempt) Fail(err error) {
+	a = a.root()
+	a.mu.Lock()
+	if a.failed == nil {
+		a.failed = err
+	}
+	a.mu.Unlock()
+}
+
+// Err returns what Fail recorded, nil if nothing did.
+func (a *Attempt) Err() error {
+	a = a.root()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.failed
 }
 
 // Carrier is implemented by the transactions tx.Run hands out.

@@ -44,6 +44,68 @@ type Tx struct {
 // ErrOwned is returned by Commit and Rollback: the holder ends the transaction.
 var ErrOwned = errors.New("tx: Run commits or rolls back its transaction when fn returns; return an error from fn to roll back")
 
+// ErrTxControl is the failure of an attempt in which fn tried to end the transaction it was
+// given: a COMMIT, ROLLBACK, END, ABORT or PREPARE TRANSACTION, in any spelling and through any
+// method. Such a statement is refused before it is sent (a COMMIT that went out could not be
+// taken back: fn's writes would commit without what idem.Do writes after fn), and from then on
+// the attempt cannot commit: later statements and the COMMIT return the same error, and the
+// transaction is rolled back. A transaction that ended anyway (fn sent the statement through the
+// raw connection, Conn) fails the same way at its next statement or at COMMIT.
+var ErrTxControl = errors.New("tx: fn cannot end the transaction it was given; return nil from fn to commit, an error to roll back")
+
+func refused(sql string) error {
+	return fmt.Errorf("%w: %q was refused before it was sent, and the attempt is rolled back", ErrTxControl, excerpt(sql))
+}
+
+var errEnded = fmt.Errorf("%w: the transaction ended inside fn (through the raw connection), so nothing more of the attempt is sent and none of it commits", ErrTxControl)
+
+// excerpt keeps an error about a statement short.
+func excerpt(sql string) string {
+	const n = 80
+	if len(sql) <= n {
+		return sql
+	}
+	return sql[:n] + "…"
+}
+
+// stdStrings reports the session's standard_conforming_strings, which decides how a backslash
+// in '...' is read; on (the default since Postgres 9.1) when the server did not say.
+func stdStrings(conn *pgx.Conn) bool {
+	return conn == nil || conn.PgConn().ParameterStatus("standard_conforming_strings") != "off"
+}
+
+// checkSQL refuses sql when it would end the transaction, and records that in a. conn is asked
+// for only when a backslash makes the session's string syntax matter.
+func checkSQL(a *txctl.Attempt, conn func() *pgx.Conn, sql string) (control, error) {
+	if err := a.Err(); err != nil {
+		return controlNone, err
+	}
+	std := true
+	if strings.IndexByte(sql, '\\') >= 0 {
+		std = stdStrings(conn())
+	}
+	c := scanControl(sql, std)
+	if c == controlEnds {
+		err := refused(sql)
+		a.Fail(err)
+		return c, err
+	}
+	return c, nil
+}
+
+// endedOn reports, and records in a, a transaction that has ended on conn although its holder
+// did not end it: the connection is idle, outside any transaction block.
+func endedOn(a *txctl.Attempt, conn *pgx.Conn) error {
+	if err := a.Err(); err != nil {
+		return err
+	}
+	if conn == nil || conn.IsClosed() || conn.PgConn().IsBusy() || conn.PgConn().TxStatus() != 'I' {
+		return nil
+	}
+	a.Fail(errEnded)
+	return errEnded
+}
+
 // New returns the transaction of one attempt on conn, not begun yet.
 func New(conn *pgx.Conn, opts pgx.TxOptions, a *txctl.Attempt) *Tx {
 	return &Tx{conn: conn, opts: opts, attempt: a}
@@ -116,17 +178,37 @@ func batchable(args []any) bool {
 	return true
 }
 
-// controlsTx reports whether sql is transaction control that fn sends itself (SAVEPOINT,
-// ROLLBACK TO, RELEASE): queued writes must not move past it.
-func controlsTx(sql string) bool {
-	s := strings.TrimLeft(sql, " \t\r\n(")
-	for _, word := range []string{"savepoint", "rollback", "release", "commit", "begin", "start", "end", "abort", "prepare"} {
-		if len(s) >= len(word) && strings.EqualFold(s[:len(word)], word) {
-			return true
-		}
+// guard runs before each statement fn sends: a closed view, a failed attempt, a transaction that
+// ended under the view and a statement that would end it are refused; savepoint control sends the
+// queued writes first, so that they do not move past it.
+func (t *Tx) guard(ctx context.Context, sql string) error {
+	if t.closed.Load() {
+		return pgx.ErrTxClosed
 	}
-	return false
+	if err := t.ended(); err != nil {
+		return err
+	}
+	c, err := checkSQL(t.attempt, func() *pgx.Conn { return t.conn }, sql)
+	if err != nil {
+		return err
+	}
+	if c == controlSavepoint {
+		return t.takeControl(ctx)
+	}
+	return nil
 }
+
+// ended reports a transaction that ended although nobody ended it through the view.
+func (t *Tx) ended() error {
+	if t.real == nil {
+		return t.attempt.Err()
+	}
+	return endedOn(t.attempt, t.conn)
+}
+
+// TxEnded reports whether fn ended the transaction, or tried to: then it must not commit, and
+// nothing may be written in it.
+func (t *Tx) TxEnded() error { return t.ended() }
 
 // sendWithBegin sends BEGIN and one statement in one batch, and returns the batch positioned on
 // the statement's result.
@@ -150,14 +232,10 @@ func (t *Tx) sendWithBegin(ctx context.Context, sql string, args []any) (pgx.Bat
 }
 
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.closed.Load() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	if err := t.guard(ctx, sql); err != nil {
+		return pgconn.CommandTag{}, err
 	}
-	if controlsTx(sql) {
-		if err := t.takeControl(ctx); err != nil {
-			return pgconn.CommandTag{}, err
-		}
-	}
+	defer func() { _ = t.ended() }()
 	if t.real == nil && batchable(args) {
 		br, err := t.sendWithBegin(ctx, sql, args)
 		if err != nil {
@@ -177,8 +255,8 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 }
 
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.closed.Load() {
-		return nil, pgx.ErrTxClosed
+	if err := t.guard(ctx, sql); err != nil {
+		return nil, err
 	}
 	if t.real == nil && batchable(args) {
 		br, err := t.sendWithBegin(ctx, sql, args)
@@ -200,8 +278,8 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 }
 
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.closed.Load() {
-		return errRow{pgx.ErrTxClosed}
+	if err := t.guard(ctx, sql); err != nil {
+		return errRow{err}
 	}
 	if t.real == nil && batchable(args) {
 		br, err := t.sendWithBegin(ctx, sql, args)
@@ -219,6 +297,9 @@ func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 
 // Begin starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
 func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.ended(); err != nil {
+		return nil, err
+	}
 	real, err := t.begun(ctx)
 	if err != nil {
 		return nil, err
@@ -233,6 +314,9 @@ func (t *Tx) Commit(context.Context) error { return ErrOwned }
 func (t *Tx) Rollback(context.Context) error { return ErrOwned }
 
 func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.ended(); err != nil {
+		return 0, err
+	}
 	real, err := t.begun(ctx)
 	if err != nil {
 		return 0, err
@@ -241,6 +325,11 @@ func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []strin
 }
 
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if err := t.guard(ctx, q.SQL); err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+	}
 	if err := t.takeControl(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
@@ -260,6 +349,9 @@ func (t *Tx) LargeObjects() pgx.LargeObjects {
 }
 
 func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.guard(ctx, sql); err != nil {
+		return nil, err
+	}
 	real, err := t.begun(ctx)
 	if err != nil {
 		return nil, err
@@ -284,6 +376,10 @@ func (t *Tx) Conn() *pgx.Conn {
 func (t *Tx) CommitNow(ctx context.Context) error {
 	if t.broken != nil {
 		return t.broken
+	}
+	if err := t.ended(); err != nil {
+		t.attempt.TakePending() // written in no transaction, they would commit on their own
+		return err
 	}
 	pending := t.attempt.TakePending()
 	if t.real == nil && len(pending) == 0 {
@@ -412,24 +508,105 @@ type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
-// Savepoint is a savepoint of a transaction of Run's: it carries its own attempt, whose
-// MarkIdempotent reaches the enclosing transaction once the savepoint is released.
-type Savepoint struct {
+// Guard is a transaction that someone else began, as fn sees it: the transaction db began
+// (tx.Run with a Beginner it cannot hold itself), or the caller's own transaction that idem.Do
+// hands its fn. It carries the attempt, refuses statements that would end the transaction (see
+// [ErrTxControl]), and refuses Commit and Rollback: whoever began it ends it. Writes are not
+// queued: the holder cannot send them with COMMIT.
+type Guard struct {
 	pgx.Tx
 	Attempt *txctl.Attempt
 }
 
-// TxAttempt implements txctl.Carrier. Writes are not queued in a savepoint: it may be rolled
-// back, and a write sent with COMMIT would survive that.
-func (t *Savepoint) TxAttempt() (*txctl.Attempt, bool) { return t.Attempt, false }
+// NewGuard returns t as fn sees it, in attempt a (a new one when nil).
+func NewGuard(t pgx.Tx, a *txctl.Attempt) *Guard {
+	if a == nil {
+		a = &txctl.Attempt{}
+	}
+	return &Guard{Tx: t, Attempt: a}
+}
+
+// TxAttempt implements txctl.Carrier.
+func (g *Guard) TxAttempt() (*txctl.Attempt, bool) { return g.Attempt, false }
+
+// TxEnded reports whether fn ended the transaction, or tried to.
+func (g *Guard) TxEnded() error { return endedOn(g.Attempt, g.Tx.Conn()) }
+
+func (g *Guard) check(sql string) error {
+	_, err := checkSQL(g.Attempt, g.Tx.Conn, sql)
+	return err
+}
+
+func (g *Guard) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := g.check(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return g.Tx.Exec(ctx, sql, args...)
+}
+
+func (g *Guard) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := g.check(sql); err != nil {
+		return nil, err
+	}
+	return g.Tx.Query(ctx, sql, args...)
+}
+
+func (g *Guard) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := g.check(sql); err != nil {
+		return errRow{err}
+	}
+	return g.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (g *Guard) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if err := g.check(q.SQL); err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+	}
+	return g.Tx.SendBatch(ctx, b)
+}
+
+func (g *Guard) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := g.check(sql); err != nil {
+		return nil, err
+	}
+	return g.Tx.Prepare(ctx, name, sql)
+}
+
+// Begin starts a savepoint.
+func (g *Guard) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := g.Attempt.Err(); err != nil {
+		return nil, err
+	}
+	return savepoint(ctx, g.Tx, g.Attempt)
+}
+
+// Commit is refused: the transaction's holder commits it.
+func (g *Guard) Commit(context.Context) error { return ErrOwned }
+
+// Rollback is refused: return an error from fn, and the holder rolls back.
+func (g *Guard) Rollback(context.Context) error { return ErrOwned }
+
+// Savepoint is a savepoint of a transaction of Run's: it carries its own attempt, whose
+// MarkIdempotent reaches the enclosing transaction once the savepoint is released. Its Commit
+// releases it and its Rollback rolls back to it; statements that would end the enclosing
+// transaction are refused as in the transaction itself.
+type Savepoint struct{ Guard }
 
 // Begin starts a savepoint inside this one.
 func (t *Savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.Attempt.Err(); err != nil {
+		return nil, err
+	}
 	return savepoint(ctx, t.Tx, t.Attempt)
 }
 
 // Commit releases the savepoint.
 func (t *Savepoint) Commit(ctx context.Context) error {
+	if err := t.Attempt.Err(); err != nil {
+		return err
+	}
 	if err := t.Tx.Commit(ctx); err != nil {
 		return err
 	}
@@ -437,18 +614,13 @@ func (t *Savepoint) Commit(ctx context.Context) error {
 	return nil
 }
 
-// Plain is the pgx.Tx that Run hands to fn when db is some other Beginner: the transaction
-// db began, carrying the attempt. Writes are not queued: Run cannot send them with COMMIT.
-type Plain struct {
-	pgx.Tx
-	Attempt *txctl.Attempt
+// Rollback rolls back to the savepoint.
+func (t *Savepoint) Rollback(ctx context.Context) error { return t.Tx.Rollback(ctx) }
+
+// NewSavepoint wraps sp, a savepoint of some transaction, with attempt a.
+func NewSavepoint(sp pgx.Tx, a *txctl.Attempt) *Savepoint {
+	return &Savepoint{Guard{Tx: sp, Attempt: a}}
 }
-
-// TxAttempt implements txctl.Carrier.
-func (t *Plain) TxAttempt() (*txctl.Attempt, bool) { return t.Attempt, false }
-
-// Begin starts a savepoint.
-func (t *Plain) Begin(ctx context.Context) (pgx.Tx, error) { return savepoint(ctx, t.Tx, t.Attempt) }
 
 // savepoint opens a savepoint in t, which carries a child of a: what fn does in it may be
 // rolled back without the attempt's own queued writes and marks.
@@ -457,7 +629,17 @@ func savepoint(ctx context.Context, t pgx.Tx, a *txctl.Attempt) (pgx.Tx, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Savepoint{Tx: sp, Attempt: a.Child()}, nil
+	return NewSavepoint(sp, a.Child()), nil
+}
+
+// Ended reports whether the transaction fn was given (one of this package's) was ended by fn, or
+// fn tried to; nil for other transactions, whose connection Ended reads instead. idem.Do asks
+// before it writes the key: a key written outside the transaction would commit on its own.
+func Ended(t pgx.Tx) error {
+	if e, ok := t.(interface{ TxEnded() error }); ok {
+		return e.TxEnded()
+	}
+	return endedOn(&txctl.Attempt{}, t.Conn())
 }
 
 // Unsent is a failure before anything of an attempt could commit: its BEGIN failed, or its
