@@ -62,6 +62,12 @@ func FuzzCanonicalJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		canon, err := CanonicalJSON(data)
+		// The canonical form, and whether there is one, are those of the canonicaliser stored
+		// keys were made with.
+		old, oldErr := canonicalJSONV0(data)
+		if (err == nil) != (oldErr == nil) || !bytes.Equal(canon, old) {
+			t.Fatalf("CanonicalJSON(%q) = %q, %v; the encoding/json one gave %q, %v", data, canon, err, old, oldErr)
+		}
 		lone := hasLoneSurrogate(data)
 		if err != nil {
 			if json.Valid(data) && utf8.Valid(data) && !lone && !strings.Contains(err.Error(), "nested") {
