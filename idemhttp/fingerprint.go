@@ -67,4 +67,3 @@ func mediaTypeOf(contentType string) string {
 func isJSON(mediaType string) bool {
 	return mediaType == "application/json" || strings.HasSuffix(mediaType, "+json")
 }
-
