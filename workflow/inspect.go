@@ -364,12 +364,24 @@ func encodeCursor(c store.RunCursor) string {
 var ErrInvalidCursor = errors.New("workflow: invalid RunList cursor")
 
 func decodeCursor(s string) (*store.RunCursor, error) {
+	// The creation times a cursor may carry, in µs since the epoch: years 1 to 9999, well inside
+	// what Postgres's timestamptz and its interval arithmetic hold.
+	const minCreated, maxCreated = -62135596800000000, 253402300799999999
 	data, err := base64.RawURLEncoding.DecodeString(s)
 	var c cursor
 	if err == nil {
 		err = json.Unmarshal(data, &c)
 	}
-	if err != nil || c.Scope == "" || c.ID == "" {
+	// A cursor RunList made holds a run's key, which passed idem's checks when it was stored, and
+	// its creation time, which Postgres held: anything else was forged, and would reach the
+	// statement as a value Postgres refuses (a NUL byte, invalid UTF-8, a time out of range).
+	if err == nil {
+		err = idem.Key{Scope: c.Scope, ID: c.ID}.Validate()
+	}
+	if err != nil || c.Created < minCreated || c.Created > maxCreated {
+		if len(s) > 100 {
+			s = s[:100] + "…" // a forged cursor does not fill the error
+		}
 		return nil, fmt.Errorf("%w: RunListParams.After %q is not a cursor from RunListResult.Next", ErrInvalidCursor, s)
 	}
 	return &store.RunCursor{Created: c.Created, Scope: c.Scope, ID: c.ID}, nil

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -54,11 +55,19 @@ var migrateCmd = &command{
 	help: "Without --to it applies what is pending, and does nothing when the schema is current.\n" +
 		"--to N moves up or down to version N; --to 0 drops idem's tables and their data.",
 	flags: func(fs *flag.FlagSet, c *call) {
-		fs.IntVar(&c.to, "to", -1, "version to move to, up or down (default: the latest)")
+		fs.Func("to", "version to move to, up or down (default: the latest)", func(v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return errors.New("not a number")
+			}
+			c.to = &n
+			return nil
+		})
 	},
 	run: func(ctx context.Context, c *call) error {
-		if latest := len(idem.Migrations()); c.to < -1 || c.to > latest {
-			return usagef("--to must be a version from 0 to %d, the latest (got %d)", latest, c.to)
+		// Unset is the latest; a negative --to is a mistake, not a way to say "the latest".
+		if latest := len(idem.Migrations()); c.to != nil && (*c.to < 0 || *c.to > latest) {
+			return usagef("--to must be a version from 0 to %d, the latest (got %d)", latest, *c.to)
 		}
 		pool, err := c.connect(ctx)
 		if err != nil {
@@ -68,8 +77,8 @@ var migrateCmd = &command{
 		if err != nil {
 			return err
 		}
-		if c.to >= 0 {
-			err = idem.MigrateTo(ctx, pool, c.to, c.opts()...)
+		if c.to != nil {
+			err = idem.MigrateTo(ctx, pool, *c.to, c.opts()...)
 		} else {
 			err = idem.Migrate(ctx, pool, c.opts()...)
 		}

@@ -32,11 +32,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
 )
 
 // Exit codes.
@@ -71,7 +74,7 @@ type call struct {
 	pool           *pgxpool.Pool // from connect, closed by run
 
 	// Flags of some commands.
-	to          int
+	to          *int // nil: the latest
 	reason      string
 	queue       string
 	riverSchema string
@@ -93,6 +96,10 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 	if len(argv) == 0 {
 		usage(stderr)
 		return exitUsage
+	}
+	if argv[0] == "--version" || argv[0] == "-version" || argv[0] == "version" {
+		fmt.Fprintln(stdout, versionLine())
+		return exitOK
 	}
 	if isHelp(argv[0]) || argv[0] == "help" {
 		// "idem help runs list" is "idem runs list --help"; "idem help runs", the group's list.
@@ -157,6 +164,21 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 		}
 		return exitFailed
 	}
+}
+
+// versionLine names the module and version the binary was built from, and the schema version
+// its migrations bring a database to: what an operator needs to match a binary with a database.
+func versionLine() string {
+	path, version := "github.com/idemkit/idem", "(devel)"
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if info.Main.Path != "" {
+			path = info.Main.Path
+		}
+		if info.Main.Version != "" {
+			version = info.Main.Version
+		}
+	}
+	return fmt.Sprintf("idem %s %s, schema version %d", path, version, len(idem.Migrations()))
 }
 
 func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" }
@@ -260,6 +282,7 @@ func usage(w io.Writer) {
 		tw.row("  "+strings.TrimSpace(n+" "+strings.Join(c.args, " ")), c.summary)
 	}
 	tw.flush()
-	fmt.Fprintf(w, "\nEvery command takes --database-url (default $DATABASE_URL), --schema, --json and --help.\n"+
+	fmt.Fprintf(w, "\nEvery command takes --database-url (default $DATABASE_URL), --schema, --json and --help;\n"+
+		"idem --version prints the module's version and the schema version it migrates to.\n"+
 		"Exit codes: 0 success, 1 failure, 2 usage.\n")
 }
