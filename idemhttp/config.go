@@ -91,15 +91,22 @@ type Config struct {
 	// nothing runs. Default: [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
 
-	// MaxResponseBytes caps the response body the middleware buffers and stores. A handler
-	// writing more gets an error from Write; its transaction is rolled back and the client gets
-	// a 500 (response-too-large). Default: [DefaultMaxResponseBytes].
+	// MaxResponseBytes caps the response the middleware buffers and stores: its body and the
+	// headers that are stored (each value with its name, as on the wire). A handler writing more
+	// gets an error from Write; its transaction is rolled back and the client gets a 500
+	// (response-too-large). Default: [DefaultMaxResponseBytes].
 	MaxResponseBytes int64
 
-	// ReplaySetCookie stores and replays Set-Cookie headers. Off by default: a cookie is usually
-	// a session credential, which has no place in the database or in a response to a request
-	// that may come from elsewhere.
+	// ReplaySetCookie stores and replays Set-Cookie headers, as StoreCredentialHeaders naming
+	// Set-Cookie does. Off by default: a cookie is usually a session credential, which has no
+	// place in the database or in a response to a request that may come from elsewhere.
 	ReplaySetCookie bool
+
+	// StoreCredentialHeaders names response headers of [CredentialHeaders] (Authorization,
+	// Set-Cookie, ...) to store and replay after all. By default none is: a stored response is
+	// replayed, for the TTL, to whoever sends its key in its scope. Names are case-insensitive;
+	// one that is not a credential header is an error.
+	StoreCredentialHeaders []string
 
 	// DropHeaders names more response headers to leave out of the stored response, beyond
 	// hop-by-hop headers, Date and Content-Length (always left out) and Set-Cookie (see
@@ -206,8 +213,9 @@ type RouteConfig struct {
 // settings is a validated Config with defaults filled in.
 type settings struct {
 	Config
-	methods   map[string]bool
-	dropExtra map[string]bool
+	methods        map[string]bool
+	dropExtra      map[string]bool
+	keepCredential map[string]bool
 	keyOpts   []idem.Option // the Config's fields for idem.Do
 	txOpts    []tx.Option   // and for tx.Run
 }
@@ -277,6 +285,17 @@ func newSettings(cfg *Config) (*settings, error) {
 	s.dropExtra = make(map[string]bool, len(c.DropHeaders))
 	for _, h := range c.DropHeaders {
 		s.dropExtra[textproto.CanonicalMIMEHeaderKey(h)] = true
+	}
+	s.keepCredential = map[string]bool{}
+	if c.ReplaySetCookie {
+		s.keepCredential["Set-Cookie"] = true
+	}
+	for _, h := range c.StoreCredentialHeaders {
+		name := textproto.CanonicalMIMEHeaderKey(h)
+		if !credentialHeaders[name] {
+			return nil, fmt.Errorf("idemhttp: StoreCredentialHeaders names %q, which is not one of CredentialHeaders (%s); headers that are stored anyway need no setting", h, strings.Join(CredentialHeaders(), ", "))
+		}
+		s.keepCredential[name] = true
 	}
 	if err := s.storeOptions(); err != nil {
 		return nil, err

@@ -224,8 +224,12 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 			case rec.status >= 500 || !rt.store(rec.status):
 				return StoredResponse{}, errNotStorable
 			}
+			stored := redacted(rt, r, m.storable(rec))
+			if int64(headerSize(stored.Header)+len(stored.Body)) > m.cfg.MaxResponseBytes {
+				return StoredResponse{}, errRespTooBig // the headers count, or a handler could store megabytes of them
+			}
 			fresh = rec
-			return redacted(rt, r, m.storable(rec)), nil
+			return stored, nil
 		}, m.cfg.keyOpts...)
 		return err
 	}, m.cfg.txOpts...)

@@ -67,6 +67,39 @@ var alwaysDropped = map[string]bool{
 	"Content-Length":      true,
 }
 
+// CredentialHeaders returns the response headers that carry credentials, which the middleware
+// does not store (and so never replays) unless Config.StoreCredentialHeaders names them:
+// Authorization, Proxy-Authorization, Cookie, Set-Cookie, Set-Cookie2, Authentication-Info and
+// Proxy-Authentication-Info. A stored response is kept for the TTL and replayed to whoever sends
+// its key in its scope, which is no place for a session or a token. Headers of your own that
+// carry secrets go in Config.DropHeaders, or a Redactor. It returns a new slice on every call.
+//
+//	for _, h := range idemhttp.CredentialHeaders() { fmt.Println(h) }
+func CredentialHeaders() []string {
+	return []string{"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "Set-Cookie2",
+		"Authentication-Info", "Proxy-Authentication-Info"}
+}
+
+var credentialHeaders = func() map[string]bool {
+	m := map[string]bool{}
+	for _, h := range CredentialHeaders() {
+		m[h] = true
+	}
+	return m
+}()
+
+// headerSize is what a header takes in the stored response, as on the wire: each value with its
+// name, ": " and CRLF.
+func headerSize(h http.Header) int {
+	n := 0
+	for name, values := range h {
+		for _, v := range values {
+			n += len(name) + len(v) + 4
+		}
+	}
+	return n
+}
+
 // storable returns the part of a handler's response that is stored: its status, body and
 // end-to-end headers, minus the ones configured away.
 func (m *middleware) storable(rec *recorder) StoredResponse {
@@ -83,7 +116,7 @@ func (m *middleware) storable(rec *recorder) StoredResponse {
 		name = textproto.CanonicalMIMEHeaderKey(name)
 		switch {
 		case alwaysDropped[name], perConn[name], m.cfg.dropExtra[name], name == replayed:
-		case name == "Set-Cookie" && !m.cfg.ReplaySetCookie:
+		case credentialHeaders[name] && !m.cfg.keepCredential[name]:
 		default:
 			h[name] = append(h[name], values...)
 		}
