@@ -216,8 +216,8 @@ type settings struct {
 	methods        map[string]bool
 	dropExtra      map[string]bool
 	keepCredential map[string]bool
-	keyOpts   []idem.Option // the Config's fields for idem.Do
-	txOpts    []tx.Option   // and for tx.Run
+	keyOpts        []idem.Option // the Config's fields for idem.Do
+	txOpts         []tx.Option   // and for tx.Run
 }
 
 func newSettings(cfg *Config) (*settings, error) {
