@@ -518,6 +518,10 @@ type Guard struct {
 	Attempt *txctl.Attempt
 }
 
+// Plain is the name the workflow engine knows Guard by: the view of a transaction that another
+// DB than a pool began, whose holder commits it through the transaction itself.
+type Plain = Guard
+
 // NewGuard returns t as fn sees it, in attempt a (a new one when nil).
 func NewGuard(t pgx.Tx, a *txctl.Attempt) *Guard {
 	if a == nil {
