@@ -44,11 +44,11 @@ type SignalOpts struct {
 type SignalResult struct {
 	// Seq is the signal's position among all signals; signals of one name to one run are
 	// consumed in this order. 0 for a duplicate.
-	Seq int64
+	Seq int64 `json:"seq"`
 
 	// Duplicate is true when a signal with the same DedupeID was recorded for the run before;
 	// nothing was added.
-	Duplicate bool
+	Duplicate bool `json:"duplicate"`
 }
 
 // SignalTx sends the signal name with payload (encoded as JSON) to the run under key, as part

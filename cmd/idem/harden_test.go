@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -52,4 +53,13 @@ func TestMigrateToNegativeAndVersion(t *testing.T) {
 		require.Contains(t, r.stdout, "github.com/idemkit/idem")
 		require.Contains(t, r.stdout, fmt.Sprintf("schema version %d", len(idem.Migrations())))
 	}
+}
+
+// TestResultsSerialiseLikeRunRow: the result structs a caller may print or return as JSON have
+// snake_case JSON names, as RunRow has, not Go's field names.
+func TestResultsSerialiseLikeRunRow(t *testing.T) {
+	t.Parallel()
+	data, err := json.Marshal(workflow.SignalResult{Seq: 3, Duplicate: true})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"seq":3,"duplicate":true}`, string(data))
 }
