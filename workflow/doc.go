@@ -44,9 +44,9 @@
 // is called: a finished run's key replays its stored outcome; a run in flight is
 // idem.ErrInFlight (or, with RunOpts.Wait, waited for); a key of another workflow, of idem.Do or
 // of other input is idem.ErrMismatch; a run whose owner died is taken over, and its code runs
-// once, from its history. The first Tx step runs in that same transaction, behind a savepoint (a
-// failed attempt is undone to it and recorded, which commits the start); a Call, a wait or the
-// run's end commits it first. So a run exists once its first step commits: a process that dies,
+// once, from its history. The first Tx step runs in that same transaction (a failed attempt of it
+// rolls the start back too, and the start is sent again with the attempt's record, which commits
+// it); a Call, a wait or the run's end commits it first. So a run exists once its first step commits: a process that dies,
 // or code that panics, before that leaves nothing, and the key is free again.
 //
 // Bookkeeping travels with the run's own transactions instead of adding some. A run has at most

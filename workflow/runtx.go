@@ -21,7 +21,10 @@ import (
 //     and the run's row, in one round trip), before any workflow code runs;
 //   - a Tx step runs in the open transaction when it holds only the start, and in a new one
 //     otherwise; its checkpoint is queued for COMMIT, and the transaction stays open ("held")
-//     until the run's next step boundary, so that the run's outcome commits with its last step;
+//     until the run's next step boundary, so that the run's outcome commits with its last step.
+//     A failed attempt of a first step that shares the start's transaction rolls it all back
+//     (a savepoint would cost every run a subtransaction for a rare failure), and the start is
+//     sent again before the next attempt, or with the failed attempt's record;
 //   - a Call's checkpoint waits (pending) for the next transaction that commits;
 //   - a wait step (sleep, await) runs in a transaction of its own, which it commits;
 //   - the outcome is queued for the COMMIT of whatever is open, or of a transaction opened for it.
@@ -34,9 +37,10 @@ import (
 // DB it begins its transactions with DB.Begin, and sends each statement on its own: the same
 // steps, in more round trips.
 
-// startSavepoint is set right after the start, so that a failed attempt of a first Tx step that
-// shares the start's transaction undoes the step's writes and keeps the start.
-const startSavepoint = "SAVEPOINT idem_step"
+// errStartTaken is why a run whose start was rolled back with a failed attempt of its first step
+// cannot go on: its key was taken meanwhile. The call starts over, and is answered as any call
+// that finds the key taken.
+var errStartTaken = errors.New("workflow: the run's key was taken while its first step was retried")
 
 type runTx struct {
 	rs *runState
@@ -49,8 +53,10 @@ type runTx struct {
 
 	start bool   // the open transaction carries the run's start: committing it makes the run exist
 	step  string // the Tx step whose writes it holds, "" for none
-	clean bool   // only the start is in it, after its savepoint: a Tx step may share it
+	clean bool   // only the start is in it: a Tx step may share it
 
+	params  store.RunStartParams // the run's start, to be sent again after undoStep rolled it back
+	resend  bool                 // the start was rolled back and must be sent again
 	pending []store.CheckpointParams // Call checkpoints waiting for the next transaction that commits
 }
 
@@ -79,11 +85,12 @@ func (rt *runTx) begin(ctx context.Context) error {
 	return nil
 }
 
-// startRun opens the run's first transaction with its start and the savepoint after it: one round
-// trip on the pool path. When the row says the run was not started (its key is taken), the
-// transaction stays open holding nothing, for the caller to roll back or to replace the key in.
+// startRun opens the run's first transaction with its start: one round trip on the pool path.
+// When the row says the run was not started (its key is taken), the transaction stays open
+// holding nothing, for the caller to roll back or to replace the key in.
 func (rt *runTx) startRun(ctx context.Context, p store.RunStartParams) (store.RunStartRow, error) {
 	e := rt.rs.e
+	rt.params = p
 	start := e.st.RunStart(p)
 	rt.attempt = &txctl.Attempt{}
 	var (
@@ -98,7 +105,6 @@ func (rt *runTx) startRun(ctx context.Context, p store.RunStartParams) (store.Ru
 		b := &pgx.Batch{}
 		b.BeginTx(pgx.TxOptions{})
 		b.Queue(start.SQL, start.Args...)
-		b.Queue(startSavepoint)
 		br := conn.Conn().SendBatch(ctx, b)
 		rt.conn, rt.real = conn, br.Tx()
 		rt.own = txown.Begun(conn.Conn(), pgx.TxOptions{}, rt.attempt, rt.real)
@@ -112,7 +118,6 @@ func (rt *runTx) startRun(ctx context.Context, p store.RunStartParams) (store.Ru
 		rt.real, rt.view = t, &txown.Plain{Tx: t, Attempt: rt.attempt}
 		b := &pgx.Batch{}
 		b.Queue(start.SQL, start.Args...)
-		b.Queue(startSavepoint)
 		row, err = readStart(t.SendBatch(ctx, b), false)
 	}
 	if err != nil {
@@ -123,8 +128,8 @@ func (rt *runTx) startRun(ctx context.Context, p store.RunStartParams) (store.Ru
 	return row, nil
 }
 
-// readStart reads the results of the start's batch: BEGIN's (when it began the transaction), the
-// start's row and the savepoint's.
+// readStart reads the results of the start's batch: BEGIN's (when it began the transaction) and
+// the start's row.
 func readStart(br pgx.BatchResults, begins bool) (store.RunStartRow, error) {
 	defer br.Close()
 	if begins {
@@ -136,30 +141,45 @@ func readStart(br pgx.BatchResults, begins bool) (store.RunStartRow, error) {
 	if err != nil {
 		return row, err
 	}
-	if _, err := br.Exec(); err != nil {
-		return row, err
-	}
 	return row, br.Close()
 }
 
-// replace gives the open transaction's expired key (whose lock startRun took) to this run, and
-// sets the savepoint after it: from here the transaction carries the run's start.
+// replace gives the open transaction's expired key (whose lock startRun took) to this run: from
+// here the transaction carries the run's start.
 func (rt *runTx) replace(ctx context.Context, p store.RunReplaceParams) (store.RunReplaced, bool, error) {
 	r, ok, err := rt.rs.e.st.RunReplace(ctx, rt.real, p)
 	if err != nil || !ok {
 		return r, ok, err
 	}
-	if _, err := rt.real.Exec(ctx, startSavepoint); err != nil {
-		return r, false, err
-	}
 	rt.start, rt.clean = true, true
 	return r, true, nil
+}
+
+// resendStart sends the run's start again after undoStep rolled it back. errStartTaken means the
+// key was taken meanwhile.
+func (rt *runTx) resendStart(ctx context.Context) error {
+	if !rt.resend {
+		return nil
+	}
+	row, err := rt.startRun(ctx, rt.params)
+	if err != nil {
+		return fmt.Errorf("workflow: error starting run again: %w", err)
+	}
+	if !row.Started {
+		rt.rollback(ctx)
+		return errStartTaken
+	}
+	rt.resend = false
+	return nil
 }
 
 // forStep returns the transaction a Tx step's attempt runs in: the open one when it holds only
 // the run's start (shared reports so), a new one otherwise. The boundary before the step has
 // committed whatever else was open.
 func (rt *runTx) forStep(ctx context.Context) (t pgx.Tx, shared bool, err error) {
+	if err := rt.resendStart(ctx); err != nil {
+		return nil, false, err
+	}
 	if rt.open() && rt.clean {
 		return rt.view, true, nil
 	}
@@ -179,34 +199,17 @@ func (rt *runTx) hold(d txctl.Deferred, step string) {
 	rt.step, rt.clean = step, false
 }
 
-// undoStep takes back what a failed attempt of a Tx step wrote: back to the savepoint when the
-// step shares the start's transaction (which stays open, carrying the start), the whole
-// transaction otherwise.
-func (rt *runTx) undoStep(ctx context.Context) error {
+// undoStep takes back what a failed attempt of a Tx step wrote: its transaction is rolled back.
+// When the step shared the start's transaction, the start goes with it and is sent again before
+// anything else (resendStart).
+func (rt *runTx) undoStep(ctx context.Context) {
 	if !rt.open() {
-		return nil
+		return
 	}
-	if !rt.clean {
-		rt.rollback(ctx)
-		return nil
+	if rt.clean {
+		rt.resend = true
 	}
-	rt.attempt.TakePending() // writes the attempt queued (an idem.Do's key) go with it
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := rt.real.Exec(rctx, "ROLLBACK TO "+startSavepoint[len("SAVEPOINT "):]); err != nil {
-		rt.rollback(ctx)
-		return fmt.Errorf("workflow: error undoing a failed attempt: %w", err)
-	}
-	// A new attempt: its memo of Do's results, and what it queued, were the undone attempt's.
-	rt.attempt = &txctl.Attempt{}
-	if rt.own != nil {
-		rt.own.Close()
-		rt.own = txown.Begun(rt.conn.Conn(), pgx.TxOptions{}, rt.attempt, rt.real)
-		rt.view = rt.own
-	} else {
-		rt.view = &txown.Plain{Tx: rt.real, Attempt: rt.attempt}
-	}
-	return nil
+	rt.rollback(ctx)
 }
 
 // queue keeps a Call's checkpoint for the next transaction that commits.
@@ -284,9 +287,12 @@ func (rt *runTx) flushFenced(ctx context.Context) error {
 }
 
 // record writes a failed attempt's row: with the start, when the step shared the start's
-// transaction (which then commits: a failed attempt is worth keeping, and the next attempt runs in
-// a transaction of its own), on its own otherwise.
+// transaction (which is sent again, and commits: a failed attempt is worth keeping, and the next
+// attempt runs in a transaction of its own), on its own otherwise.
 func (rt *runTx) record(ctx context.Context, s store.Stmt) error {
+	if err := rt.resendStart(ctx); err != nil {
+		return err
+	}
 	if rt.open() && rt.clean {
 		return rt.commit(ctx, txctl.Deferred{SQL: s.SQL, Args: s.Args})
 	}

@@ -334,11 +334,13 @@ const maxAttemptError = 2 << 10
 // the row commits with the start: the run exists from here, and the next attempt runs in a
 // transaction of its own.
 func (rs *runState) recordAttempt(ctx context.Context, info *StepInfo, outcome store.AttemptOutcome, err error) error {
-	shared := rs.tx.open() && rs.tx.clean
+	shared := !rs.isCommitted()
 	rerr := rs.tx.record(ctx, rs.e.st.StepAttempt(rs.attemptParams(info, outcome, err)))
 	switch {
 	case rerr == nil:
 		return nil
+	case errors.Is(rerr, errStartTaken):
+		return rs.endWith(endRestart, rerr)
 	case shared:
 		return rs.commitFailed(ctx, "the run's start with a failed attempt", rerr)
 	}
@@ -382,7 +384,10 @@ func clipError(msg string, n int) string {
 // attempt's writes are undone.
 func (rs *runState) stepTx(ctx context.Context, s *StepInfo, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
 	t, _, err := rs.tx.forStep(ctx)
-	if err != nil {
+	switch {
+	case errors.Is(err, errStartTaken):
+		return nil, rs.endWith(endRestart, err)
+	case err != nil:
 		return nil, err
 	}
 	out, err := body(ctx, t, s)
@@ -390,9 +395,7 @@ func (rs *runState) stepTx(ctx context.Context, s *StepInfo, body func(ctx conte
 		rs.tx.hold(rs.deferredCheckpoint(rs.e.st.StepCheckpoint(rs.checkpointParams(s, out, nil)), s.Name), s.Name)
 		return out, nil
 	}
-	if uerr := rs.tx.undoStep(ctx); uerr != nil {
-		return nil, rs.stop(&machineryError{uerr})
-	}
+	rs.tx.undoStep(ctx)
 	return nil, err
 }
 
