@@ -65,20 +65,20 @@
 //
 // A run is in one [RunState] at a time; this is every transition, and who makes it:
 //
-//	             Workflow.Run (this process owns it), StartTx / RunFork (ownerless: a resume job takes it)
-//	                                   │
-//	                                   ▼
-//	 resume job, a Run call ─────► running ◄──────────────────────── wake job: the sleep is over, a signal
-//	 (lease expired: takeover)     │  │  │                               came, or the await timed out
-//	                               │  │  └── steps.Sleep ──────► sleeping ──┤
-//	                               │  └───── steps.Await ──────► awaiting ──┘
-//	                               │
-//	     the workflow returns ─────┼──────────► done, failed
-//	     the deadline passes ──────┼──────────► timed_out   (the owner at a step boundary, or the wake job)
-//	     Engine.RunCancel ─────────┴──────────► cancelled   (also from sleeping and awaiting)
-//	     reconcile hook (out of attempts, or unregistered): Complete → done, Fail → failed,
-//	                                                        ResumeLater → running, ownerless
-//	     Engine.RunResume: failed, cancelled, or running without a live lease → running, ownerless
+//	            Workflow.Run (this process owns it), StartTx / RunFork (ownerless: a resume job takes it)
+//	                                  │
+//	                                  ▼
+//	resume job, a Run call ─────► running ◄──────────────────────── wake job: the sleep is over, a signal
+//	(lease expired: takeover)     │  │  │                               came, or the await timed out
+//	                              │  │  └── steps.Sleep ──────► sleeping ──┤
+//	                              │  └───── steps.Await ──────► awaiting ──┘
+//	                              │
+//	    the workflow returns ─────┼──────────► done, failed
+//	    the deadline passes ──────┼──────────► timed_out   (the owner at a step boundary, or the wake job)
+//	    Engine.RunCancel ─────────┴──────────► cancelled   (also from sleeping and awaiting)
+//	    reconcile hook (out of attempts, or unregistered): Complete → done, Fail → failed,
+//	                                                       ResumeLater → running, ownerless
+//	    Engine.RunResume: failed, cancelled, or running without a live lease → running, ownerless
 //
 // Only a running run has a lease; only a finished one (done, failed, cancelled, timed out)
 // expires and is reaped; a waiting one has neither, and holds nothing until its job wakes it.

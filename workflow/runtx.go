@@ -55,8 +55,8 @@ type runTx struct {
 	step  string // the Tx step whose writes it holds, "" for none
 	clean bool   // only the start is in it: a Tx step may share it
 
-	params  store.RunStartParams // the run's start, to be sent again after undoStep rolled it back
-	resend  bool                 // the start was rolled back and must be sent again
+	params  store.RunStartParams     // the run's start, to be sent again after undoStep rolled it back
+	resend  bool                     // the start was rolled back and must be sent again
 	pending []store.CheckpointParams // Call checkpoints waiting for the next transaction that commits
 }
 
