@@ -283,6 +283,36 @@ func TestStartContract(t *testing.T) {
 				require.Equal(t, 3, out)
 			})
 
+			t.Run("ACancelInTheFirstStepLeavesNothing", func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				c := newCounter(b)
+				k := idem.Key{Scope: "s", ID: "k"}
+				ctx, cancel := context.WithCancel(b.ctx)
+				wf := workflow.Define("cancelled", func(ctx context.Context, in countedIn) (int, error) {
+					if _, err := c.b.pool.Exec(context.WithoutCancel(ctx), `INSERT INTO executions (wf, n) VALUES ('cancelled', $1)`, in.N); err != nil {
+						return 0, err
+					}
+					return steps.Tx(ctx, "first", func(ctx context.Context, t pgx.Tx) (int, error) {
+						if err := effect(ctx, t, "cancelled", "first", ""); err != nil {
+							return 0, err
+						}
+						cancel() // the caller goes away while the first step works
+						return 0, ctx.Err()
+					}, nil)
+				})
+				e := b.engineOn(t, kind.db(b), fastConfig(wf))
+				_, err := wf.Run(ctx, e, k, countedIn{N: 1}, nil)
+				require.ErrorIs(t, err, context.Canceled)
+				b.requireNoRun(t, k)
+
+				cancel = func() {} // the retry's caller stays
+				_, err = wf.Run(b.ctx, e, k, countedIn{N: 1}, nil)
+				require.NoError(t, err, "the key is free again")
+				require.Equal(t, 2, c.executions(t, "cancelled"), "the retry started over")
+				require.Equal(t, 1, b.effects(t, "first"))
+			})
+
 			t.Run("AStopInTheFirstStepLeavesNothing", func(t *testing.T) {
 				t.Parallel()
 				b := setup(t)
