@@ -369,6 +369,12 @@ func TestRunList(t *testing.T) {
 		require.Empty(t, list(t, b, store.RunFilter{States: []string{"awaiting"}, Limit: 100}))
 	})
 
+	t.Run("ZeroFilterSelectsEverything", func(t *testing.T) {
+		t.Parallel()
+		// RunFilter's doc: "Zero fields select everything." Limit is one of its fields.
+		require.Len(t, list(t, fixture(t), store.RunFilter{}), 6)
+	})
+
 	t.Run("Cursor", func(t *testing.T) {
 		t.Parallel()
 		b := fixture(t)

@@ -112,6 +112,29 @@ func TestRunStart(t *testing.T) {
 		require.Equal(t, 1, b.count(t, "idem_runs", "s", "k"))
 	})
 
+	t.Run("DuplicateOfAnUncommittedEnqueue", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// StartTx's run, in a transaction of the caller's that has not committed yet; then its
+		// other path, an expired key taken over by RunReplace.
+		b.insertRun(t, run{scope: "s", id: "expired", state: store.RunDone, expires: -time.Second})
+		enqueue := b.begin(t)
+		_, ok, err := b.st.RunEnqueue(b.ctx, enqueue, store.RunEnqueueParams{Scope: "s", ID: "fresh", Workflow: "wf"})
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, ok, err = b.st.RunReplace(b.ctx, enqueue, store.RunReplaceParams{RunStartParams: store.RunStartParams{Scope: "s", ID: "expired",
+			Workflow: "wf"}})
+		require.NoError(t, err)
+		require.True(t, ok)
+
+		// A start of the same key is a duplicate of a start in flight, answered at once, as
+		// above: it must not park on the other's uncommitted key until the caller's transaction
+		// ends. (RunEnqueue and RunReplace do not take the key's lock, so RunStart's try-lock
+		// succeeds and its INSERT waits on the unique index.)
+		b.requireInFlight(t, "fresh")
+		b.requireInFlight(t, "expired")
+	})
+
 	t.Run("FinishedRun", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
