@@ -194,3 +194,22 @@ func decode[T any](ctx context.Context, name string, data []byte) (T, error) {
 	}
 	return v, nil
 }
+
+// Child runs wf as a child of the run under ctx and returns its output: its start is the step
+// name, and the wait for its outcome a second step of that name, during which this run holds
+// nothing. See workflow.Workflow.RunChild.
+//
+//	label, err := steps.Child(ctx, "ship", Ship, order, nil)
+func Child[In, Out any](ctx context.Context, name string, wf *workflow.Workflow[In, Out], in In, opts *workflow.ChildOpts) (Out, error) {
+	return wf.RunChild(ctx, name, in, opts)
+}
+
+// StartChild starts wf as a child of the run under ctx in the step name, and returns it without
+// waiting; wait for its outcome later with its Wait method. See workflow.Workflow.StartChild.
+//
+//	child, err := steps.StartChild(ctx, "ship", Ship, order, nil)
+//	...
+//	label, err := child.Wait(ctx, "ship-done")
+func StartChild[In, Out any](ctx context.Context, name string, wf *workflow.Workflow[In, Out], in In, opts *workflow.ChildOpts) (*workflow.ChildRun[Out], error) {
+	return wf.StartChild(ctx, name, in, opts)
+}

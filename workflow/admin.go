@@ -68,7 +68,12 @@ func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) err
 		if err := e.st.RunCancel(ctx, t, key.Scope, key.ID, encodeFailure(reason), e.cfg.TTL); err != nil {
 			return fmt.Errorf("workflow: error cancelling run: %w", err)
 		}
-		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "owner", run.Owner, "reason", reason)
+		children, err := e.endRun(ctx, t, key, store.RunCancelled, true)
+		if err != nil {
+			return fmt.Errorf("workflow: error cancelling run: %w", err)
+		}
+		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "owner", run.Owner, "reason", reason,
+			"children_cancelled", len(children))
 		return nil
 	})
 }

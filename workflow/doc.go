@@ -65,17 +65,19 @@
 //
 // A run is in one [RunState] at a time; this is every transition, and who makes it:
 //
-//	            Workflow.Run (this process owns it), StartTx / RunFork (ownerless: a resume job takes it)
+//	            Workflow.Run (this process owns it); StartTx, RunFork, StartChild (ownerless: a resume job)
 //	                                  │
 //	                                  ▼
 //	resume job, a Run call ─────► running ◄──────────────────────── wake job: the sleep is over, a signal
 //	(lease expired: takeover)     │  │  │                               came, or the await timed out
 //	                              │  │  └── steps.Sleep ──────► sleeping ──┤
-//	                              │  └───── steps.Await ──────► awaiting ──┘
+//	                              │  └───── steps.Await, ─────► awaiting ──┘   (a child's end wakes
+//	                              │         ChildRun.Wait                      its waiting parent)
 //	                              │
 //	    the workflow returns ─────┼──────────► done, failed
 //	    the deadline passes ──────┼──────────► timed_out   (the owner at a step boundary, or the wake job)
 //	    Engine.RunCancel ─────────┴──────────► cancelled   (also from sleeping and awaiting)
+//	    a parent's cancel or timeout ─────────► cancelled   (its children, unless ChildOpts.Abandon)
 //	    reconcile hook (out of attempts, or unregistered): Complete → done, Fail → failed,
 //	                                                       ResumeLater → running, ownerless
 //	    Engine.RunResume: failed, cancelled, or running without a live lease → running, ownerless

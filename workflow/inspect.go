@@ -96,6 +96,36 @@ type RunRow struct {
 	// Config.StepAttemptsKept of each step, whether the step then completed, is being retried,
 	// or failed for good; filled by RunGet only.
 	Failures []AttemptRow `json:"failures,omitempty"`
+
+	// Parent is the run whose step started this one, for a child run (see Workflow.StartChild),
+	// with the step's position; nil otherwise.
+	Parent *ParentRef `json:"parent,omitempty"`
+
+	// Children are the runs this run's steps started, in order; filled by RunGet only.
+	Children []ChildRow `json:"children,omitempty"`
+}
+
+// ParentRef names a child run's parent and the step of the parent that started it.
+//
+//	if run.Parent != nil {
+//		parent, err := engine.RunGet(ctx, run.Parent.Key)
+//	}
+type ParentRef struct {
+	Key idem.Key `json:"key"`
+	Seq int      `json:"seq"`
+}
+
+// ChildRow is a run's child, as [Engine.RunGet] lists it.
+//
+//	for _, c := range run.Children {
+//		fmt.Printf("#%d %s %s: %s\n", c.Seq, c.Workflow, c.Key.ID, c.State)
+//	}
+type ChildRow struct {
+	Key      idem.Key  `json:"key"`
+	Workflow string    `json:"workflow"`
+	State    RunState  `json:"state"`
+	Seq      int       `json:"seq"` // the parent's step that started it
+	Created  time.Time `json:"created"`
 }
 
 // AttemptOutcome says how a failed attempt of a step ended.
@@ -156,6 +186,12 @@ func runRow(r *store.RunRecord) *RunRow {
 		var f storedFailure
 		if json.Unmarshal(r.Output, &f) == nil {
 			run.Error = f.Error
+		}
+	}
+	if r.ParentScope != nil && r.ParentID != nil {
+		run.Parent = &ParentRef{Key: idem.Key{Scope: *r.ParentScope, ID: *r.ParentID}}
+		if r.ParentSeq != nil {
+			run.Parent.Seq = *r.ParentSeq
 		}
 	}
 	return run
@@ -219,6 +255,14 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 			run.Failures = append(run.Failures, AttemptRow{Seq: a.Seq, Step: a.Name, Kind: a.Kind, Attempt: a.Attempt,
 				Outcome: AttemptOutcome(a.Outcome), Error: a.Error, At: a.At})
 		}
+		children, err := e.st.RunChildren(ctx, t, key.Scope, key.ID)
+		if err != nil {
+			return fmt.Errorf("workflow: error reading run's children: %w", err)
+		}
+		for _, c := range children {
+			run.Children = append(run.Children, ChildRow{Key: idem.Key{Scope: c.Scope, ID: c.ID}, Workflow: c.Workflow, State: RunState(c.State),
+				Seq: c.Seq, Created: c.Created})
+		}
 		return nil
 	}, tx.Isolation(pgx.RepeatableRead), tx.ReadOnly())
 	if err != nil {
@@ -259,6 +303,7 @@ type RunListParams struct {
 	States    []RunState // any of these states
 	Workflows []string   // any of these workflows
 	Scope     string     // this scope only
+	Parent    *idem.Key  // the children of this run only
 
 	// Since and Until bound when the run was created: at or after Since, before Until.
 	Since, Until time.Time
@@ -313,6 +358,12 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 	}
 	for _, s := range params.States {
 		f.States = append(f.States, string(s))
+	}
+	if params.Parent != nil {
+		if err := params.Parent.Validate(); err != nil {
+			return nil, fmt.Errorf("workflow: RunListParams.Parent: %w", err)
+		}
+		f.Parent = &store.RunKey{Scope: params.Parent.Scope, ID: params.Parent.ID}
 	}
 	if !params.Since.IsZero() {
 		f.Since = &params.Since

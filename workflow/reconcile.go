@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/store"
+	"github.com/jackc/pgx/v5"
 )
 
 // ReconcileReason says why a run could not simply be resumed.
@@ -148,9 +149,9 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *store.Ins
 		if merr != nil {
 			return fmt.Errorf("workflow: error encoding the reconcile hook's output of type %T as JSON: %w", d.output, merr)
 		}
-		_, err = e.st.RunReconcileEnd(ctx, e.db, scope, id, row.Token, store.RunDone, data, e.cfg.TTL)
+		err = e.reconcileEnd(ctx, scope, id, row, store.RunDone, data)
 	case actionFail:
-		_, err = e.st.RunReconcileEnd(ctx, e.db, scope, id, row.Token, store.RunFailed, encodeFailure(d.errorMsg), e.cfg.TTL)
+		err = e.reconcileEnd(ctx, scope, id, row, store.RunFailed, encodeFailure(d.errorMsg))
 	}
 	if err != nil {
 		return fmt.Errorf("workflow: error storing reconciliation of key %q in scope %q: %w", id, scope, err)
@@ -158,6 +159,18 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *store.Ins
 	e.countReconcile(ctx, row.Workflow, reason, d.action.String())
 	e.log.InfoContext(ctx, "workflow: run reconciled", "decision", d.action.String(), "workflow", row.Workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.Attempts)
 	return nil
+}
+
+// reconcileEnd stores the hook's outcome, fenced like a takeover, and wakes the run's parent if
+// it waits for it (locked first, as every transaction that ends a child locks it).
+func (e *Engine) reconcileEnd(ctx context.Context, scope, id string, row *store.Inspected, state store.RunState, output []byte) error {
+	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+		if err := e.wakeParent(ctx, t, scope, id); err != nil {
+			return err
+		}
+		_, err := e.st.RunReconcileEnd(ctx, t, scope, id, row.Token, state, output, e.cfg.TTL)
+		return err
+	})
 }
 
 func defaultFailure(run *StuckRun, cfg Config) error {

@@ -19,19 +19,20 @@ import (
 )
 
 // ResumeArgs is the River job that resumes one run whose lease expired. The recovery scan
-// inserts it; it is unique by all its fields, so a run gets one resume job per expired lease,
+// inserts it; it is unique by its run and lease, so a run gets one resume job per expired lease,
 // however many scans see it, and a new one if it gets stuck again later.
 //
 //	jobs, err := client.JobList(ctx, river.NewJobListParams().Kinds(workflow.ResumeArgs{}.Kind()))
 type ResumeArgs struct {
-	Scope       string `json:"scope"`
-	ID          string `json:"id"`
-	Attempt     int    `json:"attempt"`      // the run's attempts when the scan saw it
-	LeaseExpiry int64  `json:"lease_expiry"` // the expired lease, in µs since the epoch
+	Scope       string `json:"scope" river:"unique"`
+	ID          string `json:"id" river:"unique"`
+	Attempt     int    `json:"attempt" river:"unique"`      // the run's attempts when the scan saw it
+	LeaseExpiry int64  `json:"lease_expiry" river:"unique"` // the expired lease, in µs since the epoch
 
 	// Reason says why the job was inserted, for operators and the log: "start" (StartTx),
-	// "operator" (RunResume), "fork" (RunFork); "" when the recovery scan found the run's lease
-	// expired.
+	// "operator" (RunResume), "fork" (RunFork), "child" (Workflow.StartChild); "" when the
+	// recovery scan found the run's lease expired. It is not part of the job's uniqueness: the
+	// scan, which finds an ownerless run's lease expired too, adds no second job for it.
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -40,6 +41,7 @@ const (
 	resumeStarted    = "start"
 	resumeByOperator = "operator"
 	resumeForked     = "fork"
+	resumeChild      = "child"
 )
 
 // Kind implements river.JobArgs.
@@ -214,7 +216,7 @@ func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *sto
 		return "taken", nil // another process was faster
 	}
 	switch reason {
-	case resumeStarted, resumeForked:
+	case resumeStarted, resumeForked, resumeChild:
 		// Not a recovery: a run started in a transaction (StartTx), or forked, begins here.
 		e.log.InfoContext(ctx, "workflow: starting run", "workflow", row.Workflow, "scope", scope, "id", id, "by", reason,
 			"replayed_steps", row.RecoveryPoint != "")

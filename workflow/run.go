@@ -57,6 +57,8 @@ type runState struct {
 	busy      string  // name of the step in progress, "" when none
 	end       *ending // why this process's part in the run ended early; set once
 	committed bool    // the run's row is committed, so that renewals and takeovers see it
+
+	hasParent bool // a child run: its final transaction wakes its parent
 }
 
 func (e *Engine) newRun(def Definition, scope, id string, token pgtype.UUID) *runState {
@@ -359,7 +361,7 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 
 // claimed sets up a run whose lease this process took (a takeover, a wake-up).
 func (rs *runState) claimed(c store.Claim) {
-	rs.attempt, rs.created = c.Attempts, c.Created
+	rs.attempt, rs.created, rs.hasParent = c.Attempts, c.Created, c.HasParent
 	rs.markCommitted()
 	rs.setClock(c.Now, c.Deadline)
 }
@@ -494,13 +496,33 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 // finish stores the run's outcome with the COMMIT of whatever is open (the last step's
 // transaction, or one opened for it and the pending checkpoints). A lost lease is ErrLeaseLost.
 func (rs *runState) finish(ctx context.Context, state store.RunState, result []byte) error {
-	fin := rs.e.st.RunFinish(store.RunFinishParams{LeaseParams: rs.lease(), State: state, Output: result, TTL: rs.e.cfg.TTL})
-	err := rs.tx.commit(ctx, txctl.Deferred{SQL: fin.SQL, Args: fin.Args, MapErr: func(err error) error {
+	e := rs.e
+	fin := e.st.RunFinish(store.RunFinishParams{LeaseParams: rs.lease(), State: state, Output: result, TTL: e.cfg.TTL})
+	writes := []txctl.Deferred{{SQL: fin.SQL, Args: fin.Args, MapErr: func(err error) error {
 		if store.IsFinishFenceError(err) {
 			return rs.stop(fmt.Errorf("workflow: error storing the run's outcome: %w", ErrLeaseLost))
 		}
 		return err
-	}})
+	}}}
+	if state == store.RunTimedOut {
+		// A parent that times out cancels its children, as a cancel does.
+		c := e.st.RunCancelChildrenStmt(rs.scope, rs.id, encodeFailure(parentEndedMessage(idemKey(rs), state)), e.cfg.TTL)
+		writes = append(writes, txctl.Deferred{SQL: c.SQL, Args: c.Args})
+	}
+	if rs.hasParent {
+		// The parent's row is locked before this run's (whose fence goes with COMMIT), as the
+		// parent's own transactions lock it, so the two never wait for each other in a circle.
+		if !rs.tx.open() {
+			if err := rs.tx.begin(ctx); err != nil {
+				return rs.stop(&machineryError{err})
+			}
+		}
+		if err := e.wakeParent(ctx, rs.tx.view, rs.scope, rs.id); err != nil {
+			rs.tx.rollback(ctx)
+			return rs.stop(&machineryError{fmt.Errorf("workflow: error waking the parent run: %w", err)})
+		}
+	}
+	err := rs.tx.commit(ctx, writes...)
 	if err != nil {
 		return rs.commitFailed(ctx, "(the run's outcome)", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -65,7 +66,9 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 		case err != nil:
 			return fmt.Errorf("workflow: error looking up key: %w", err)
 		case !kr.Found:
-			return fmt.Errorf("workflow: key %q in scope %q was deleted while the run was being started; try again", key.ID, key.Scope)
+			// Another transaction holds the key's lock: a start (or a Do) that has not
+			// committed yet.
+			return &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
 		case !reusable(kr):
 			return claimed(kr, w.name, key, fingerprint) // nil: this run, started before
 		}

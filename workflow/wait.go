@@ -189,7 +189,19 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 	name := w.Workflow
 	if w.Overdue {
 		// No need to replay the run to stop it: it is at a boundary already.
-		if err := e.st.RunTimeOut(ctx, e.db, a.Scope, a.ID, w.Created, encodeFailure(deadlineMessage), e.cfg.TTL); err != nil {
+		err := pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+			// The parent first, as every transaction that ends a child locks it (see wakeParent).
+			if err := e.wakeParent(ctx, t, a.Scope, a.ID); err != nil {
+				return err
+			}
+			ended, err := e.st.RunTimeOut(ctx, t, a.Scope, a.ID, w.Created, encodeFailure(deadlineMessage), e.cfg.TTL)
+			if err != nil || !ended {
+				return err
+			}
+			_, err = e.endRun(ctx, t, idem.Key{Scope: a.Scope, ID: a.ID}, store.RunTimedOut, false)
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("workflow: error storing a run as timed out: %w", err)
 		}
 		return nil
@@ -255,6 +267,15 @@ func (e *Engine) scanOverdue(ctx context.Context) error {
 	for _, o := range overdue {
 		params = append(params, river.InsertManyParams{Args: WakeArgs{Scope: o.Scope, ID: o.ID, Generation: o.Created, Seq: o.Seq, Reason: "scan"},
 			InsertOpts: e.signalWakeOpts()})
+	}
+	// Parents that wait for a child that ended: the job its end inserted was lost.
+	parents, err := e.st.RunOverdueParents(ctx, e.db, e.cfg.ScanBatchSize, e.cfg.ScanInterval)
+	if err != nil {
+		return fmt.Errorf("workflow: error scanning for parents of ended children: %w", err)
+	}
+	for _, p := range parents {
+		params = append(params, river.InsertManyParams{Args: WakeArgs{Scope: p.Scope, ID: p.ID, Generation: p.Created, Seq: p.WaitSeq, Reason: "scan",
+			Suspended: p.Suspended}, InsertOpts: e.signalWakeOpts()})
 	}
 	if len(params) == 0 {
 		return nil

@@ -197,6 +197,53 @@ func TestCLI(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys`))
 	})
 
+	// A parent run and its child: runs show lists the children and names the parent, and runs
+	// list filters by parent.
+	t.Run("Children", func(t *testing.T) {
+		t.Parallel()
+		b := bundle(t, bin, idemtest.NewDB(t, &idemtest.Opts{River: true}))
+		child := workflow.Define("label", func(ctx context.Context, order string) (string, error) {
+			return steps.Call(ctx, "print", func(context.Context, string) (string, error) { return "label for " + order, nil }, nil)
+		})
+		parent := workflow.Define("ship", func(ctx context.Context, order string) (string, error) {
+			return steps.Child(ctx, "label", child, order, nil)
+		})
+		e, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{parent, child}, Lease: time.Second, ScanInterval: time.Second, Logger: quiet()})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = e.Close() })
+		workers := river.NewWorkers()
+		require.NoError(t, e.AddWorkers(workers))
+		client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{
+			Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 5}}, Workers: workers,
+			FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet(), TestOnly: true,
+		})
+		require.NoError(t, err)
+		e.SetClient(client)
+		require.NoError(t, client.Start(b.ctx))
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = client.StopAndCancel(ctx)
+		})
+		key := idem.Key{Scope: "shop", ID: "order-9"}
+		out, err := parent.Run(b.ctx, e, key, "order-9", &workflow.RunOpts{Wait: 20 * time.Second})
+		require.NoError(t, err)
+		require.Equal(t, "label for order-9", out)
+
+		shown := b.ok(t, "runs", "show", "shop", "order-9")
+		require.Regexp(t, `(?m)^STEP\s+CHILD\s+WORKFLOW\s+STATE\s+CREATED$`, shown)
+		require.Regexp(t, `(?m)^1\s+\S+\s+label\s+done\s+`, shown)
+		var page workflow.RunListResult
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--scope", "shop", "--parent", "order-9", "--json")), &page))
+		require.Len(t, page.Runs, 1)
+		require.Equal(t, "label", page.Runs[0].Workflow)
+		childShown := b.ok(t, "runs", "show", "shop", page.Runs[0].ID)
+		require.Regexp(t, `(?m)^parent\s+shop order-9 \(step #1\)$`, childShown)
+		r := b.idem(t, "runs", "list", "--parent", "order-9")
+		require.Equal(t, 2, r.code)
+		require.Contains(t, r.stderr, "--parent needs --scope")
+	})
+
 	// The application (this test) runs a workflow engine and River; the CLI, with no workflow
 	// registered, reads the runs and steers them, and the application's workers do the work.
 	t.Run("Runs", func(t *testing.T) {

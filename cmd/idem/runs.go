@@ -56,16 +56,17 @@ func riverFlags(fs *flag.FlagSet, c *call) {
 }
 
 type listFlags struct {
-	states, workflows, scope, since, until, after string
-	limit                                         int
+	states, workflows, scope, since, until, after, parent string
+	limit                                                 int
 }
 
 var runsListCmd = &command{
 	name:    "runs list",
 	summary: "List runs, newest first.",
 	help: "--since and --until take an RFC 3339 time or a duration before now (24h, 90m).\n" +
-		"--state and --workflow take a comma-separated list. When more runs match than\n" +
-		"--limit, the last line gives the --after cursor of the next page.",
+		"--state and --workflow take a comma-separated list. --parent lists the children of the\n" +
+		"run with that ID in --scope. When more runs match than --limit, the last line gives\n" +
+		"the --after cursor of the next page.",
 	flags: func(fs *flag.FlagSet, c *call) {
 		fs.StringVar(&c.list.states, "state", "", "only runs in these states (running,done,failed,cancelled,...)")
 		fs.StringVar(&c.list.workflows, "workflow", "", "only runs of these workflows")
@@ -74,9 +75,20 @@ var runsListCmd = &command{
 		fs.StringVar(&c.list.until, "until", "", "only runs created before this time")
 		fs.IntVar(&c.list.limit, "limit", workflow.DefaultRunListLimit, fmt.Sprintf("page size, at most %d", workflow.MaxRunListLimit))
 		fs.StringVar(&c.list.after, "after", "", "cursor of the page before, from the previous listing")
+		fs.StringVar(&c.list.parent, "parent", "", "only the children of the run with this ID (in --scope)")
 	},
 	run: func(ctx context.Context, c *call) error {
 		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows)}
+		if c.list.parent != "" {
+			if c.list.scope == "" {
+				return usagef("--parent needs --scope: a run's children are in its scope")
+			}
+			parent, err := c.key(c.list.scope, c.list.parent)
+			if err != nil {
+				return err
+			}
+			p.Parent = &parent
+		}
 		for _, s := range splitList(c.list.states) {
 			if !slices.Contains(states, workflow.RunState(s)) {
 				return usagef("--state %q is not a state of a run; the states are %s", s, strings.Join(stateNames(), ", "))
@@ -172,6 +184,9 @@ var runsShowCmd = &command{
 			if r.LastError != "" {
 				t.row("last error", r.LastError)
 			}
+			if r.Parent != nil {
+				t.row("parent", fmt.Sprintf("%s %s (step #%d)", r.Parent.Key.Scope, r.Parent.Key.ID, r.Parent.Seq))
+			}
 			t.flush()
 			fmt.Fprintln(c.stdout)
 			t = newTable(c.stdout)
@@ -184,6 +199,15 @@ var runsShowCmd = &command{
 				t.row(strconv.Itoa(s.Seq), s.Name, s.Kind, strconv.Itoa(s.Attempts), stamp(s.Created), clip(result, 80))
 			}
 			t.flush()
+			if len(r.Children) > 0 {
+				fmt.Fprintln(c.stdout)
+				t = newTable(c.stdout)
+				t.row("STEP", "CHILD", "WORKFLOW", "STATE", "CREATED")
+				for _, ch := range r.Children {
+					t.row(strconv.Itoa(ch.Seq), ch.Key.ID, ch.Workflow, string(ch.State), stamp(ch.Created))
+				}
+				t.flush()
+			}
 			if len(r.Failures) > 0 {
 				// Every failed attempt, not only the last: why a step ran three times.
 				fmt.Fprintln(c.stdout)

@@ -51,7 +51,8 @@ const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.l
 	coalesce(r.last_error, ''), r.input, r.output, r.created_at, r.updated_at, r.finished_at, r.expires_at,
 	CASE WHEN r.state IN ('sleeping', 'awaiting') THEN r.wake_at END,
 	CASE WHEN r.state = 'awaiting' THEN coalesce(r.wait_name, '') ELSE '' END, r.deadline,
-	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4`
+	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4,
+	r.parent_scope, r.parent_id, r.parent_seq`
 
 func newAdminStatements(t Tables) adminStatements {
 	return adminStatements{
@@ -133,13 +134,16 @@ type RunRecord struct {
 	AwaitingSignal      string
 	Deadline            *time.Time
 	PendingSignals      int
+	ParentScope         *string // set for a child run
+	ParentID            *string
+	ParentSeq           *int
 }
 
 func scanRunRecord(r pgx.Row) (*RunRecord, error) {
 	run := &RunRecord{}
 	err := r.Scan(&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner, &run.LeaseExpires,
 		&run.LastError, &run.Input, &run.Output, &run.Created, &run.Updated, &run.Finished, &run.Expires, &run.WakeAt,
-		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals)
+		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals, &run.ParentScope, &run.ParentID, &run.ParentSeq)
 	if err != nil {
 		return nil, err
 	}
@@ -267,13 +271,14 @@ func (st *Statements) RunCancelHeard(ctx context.Context, q Querier, scope, id, 
 	return err
 }
 
-// RunFilter selects runs for RunList. Zero fields select everything.
+// RunFilter selects runs for RunList. Zero fields select everything (a zero Limit: every run).
 type RunFilter struct {
 	States    []string
 	Workflows []string
 	Scope     string
 	Since     *time.Time // created at or after
 	Until     *time.Time // created before
+	Parent    *RunKey    // children of this run (Workflow unused)
 	After     *RunCursor
 	Limit     int
 }
@@ -322,6 +327,9 @@ func (st *Statements) listRuns(f RunFilter) (string, []any) {
 	if f.Until != nil {
 		where = append(where, "r.created_at < "+arg(*f.Until))
 	}
+	if f.Parent != nil {
+		where = append(where, "r.parent_scope = "+arg(f.Parent.Scope)+" AND r.parent_id = "+arg(f.Parent.ID))
+	}
 	if c := f.After; c != nil {
 		where = append(where, "(r.created_at, r.scope, r.id) < ('epoch'::timestamptz + "+arg(c.Created)+"::int8 * interval '1 microsecond', "+
 			arg(c.Scope)+", "+arg(c.ID)+")")
@@ -330,6 +338,9 @@ func (st *Statements) listRuns(f RunFilter) (string, []any) {
 	if len(where) > 0 {
 		sql += "\nWHERE " + strings.Join(where, " AND ")
 	}
-	sql += "\nORDER BY r.created_at DESC, r.scope DESC, r.id DESC LIMIT " + arg(f.Limit)
+	sql += "\nORDER BY r.created_at DESC, r.scope DESC, r.id DESC"
+	if f.Limit > 0 {
+		sql += " LIMIT " + arg(f.Limit)
+	}
 	return sql, args
 }

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,7 +60,7 @@ const newRun = `INSERT INTO {runs} (scope, id, workflow, state, fingerprint, inp
 
 // claimReturning is what the statements that take a run's lease return; Claim reads it.
 const claimReturning = `RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
-	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8`
+	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8, parent_id IS NOT NULL`
 
 func newRunStatements(t Tables) runStatements {
 	return runStatements{
@@ -107,6 +106,7 @@ SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 100000
 		expires_at = 'infinity'
 	WHERE scope = $1 AND id = $2
 		AND ((workflow IS NULL AND expires_at <= now()) OR EXISTS (SELECT FROM old_run))
+		AND pg_try_advisory_xact_lock($13)
 	RETURNING created_at
 )
 ` + newRun + `
@@ -114,14 +114,19 @@ SELECT $1, $2, $4, 'running', $3, $5, $10, $6, $7,
 	CASE WHEN $11::bool THEN now() + $8::int8 @us ELSE now() END, $9, created_at, created_at, created_at + $12::int8 @us FROM key
 RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
+		// The key's in-flight lock, taken without waiting as RunStart takes it: a start that
+		// has not committed yet (or a Do) holds it, and the insert would otherwise wait on its row.
 		enqueue: t.render(`WITH key AS (
 	INSERT INTO {keys} (scope, id, workflow, created_at, expires_at)
-	VALUES ($1, $2, $4, statement_timestamp(), 'infinity')
+	SELECT $1, $2, $4, statement_timestamp(), 'infinity' WHERE pg_try_advisory_xact_lock($12)
 	ON CONFLICT (scope, id) DO NOTHING
 	RETURNING created_at
 )
-` + newRun + `
-SELECT $1, $2, $4, 'running', $3, $5, 0, NULL, NULL, now(), $6, created_at, created_at, created_at + $7::int8 @us FROM key
+INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
+	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, parent_scope, parent_id, parent_seq,
+	parent_close)
+SELECT $1, $2, $4, 'running', $3, $5, 0, NULL, NULL, now(), $6, created_at, created_at, created_at + $7::int8 @us,
+	$8, $9, $10, $11 FROM key
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		takeover: t.render(`UPDATE {runs} SET lease_token = $3, lease_owner = $6, lease_expires_at = now() + $5::int8 @us,
@@ -286,7 +291,9 @@ type RunReplaced struct {
 
 // RunReplace gives a key that finished and expired (Do's or a run's) to a new run: the old run
 // and everything it left (steps, attempts, signals, events) are deleted and the key rewritten in
-// one statement. ok is false when the key was not reusable by the time the statement got to it.
+// one statement, under the key's in-flight lock (taken without waiting; RunStart's transaction
+// holds it already). ok is false when the key was not reusable by the time the statement got to
+// it, or another transaction holds its lock.
 func (st *Statements) RunReplace(ctx context.Context, q Querier, p RunReplaceParams) (r RunReplaced, ok bool, err error) {
 	attempts := 0
 	var token, owner any
@@ -294,14 +301,15 @@ func (st *Statements) RunReplace(ctx context.Context, q Querier, p RunReplacePar
 		attempts, token, owner = 1, p.Token, p.Owner
 	}
 	err = q.QueryRow(ctx, st.runs.replace, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, token, owner, micros(p.Lease),
-		nullText(p.Trace), attempts, p.Leased, nullMicros(p.Timeout)).Scan(&r.Created, &r.LeaseExpires)
+		nullText(p.Trace), attempts, p.Leased, nullMicros(p.Timeout), LockID(st.schema, p.Scope, p.ID)).Scan(&r.Created, &r.LeaseExpires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
 	return r, err == nil, err
 }
 
-// RunEnqueueParams are a run started without an owner (StartTx, RunFork): a resume job takes it.
+// RunEnqueueParams are a run started without an owner (StartTx, RunFork, a child): a resume job
+// takes it.
 type RunEnqueueParams struct {
 	Scope, ID   string
 	Fingerprint []byte
@@ -309,14 +317,35 @@ type RunEnqueueParams struct {
 	Input       []byte
 	Trace       string
 	Timeout     time.Duration
+	Parent      *ParentRef // the run whose step starts this one; nil for none
 }
 
+// ParentRef is the run that started a child run, at which step, and what its cancel does to the
+// child: ParentCancel or ParentAbandon.
+type ParentRef struct {
+	Scope, ID string
+	Seq       int
+	Close     string
+}
+
+// What a parent's cancel (or timeout) does to a child that has not finished.
+const (
+	ParentCancel  = "cancel"
+	ParentAbandon = "abandon"
+)
+
 // RunEnqueue creates a run with no owner and a lease that is already over, and its key, if the
-// key is free. It returns the lease's expiry in µs, the generation that makes the resume job
-// unique; ok is false when the key exists.
+// key is free and its in-flight lock can be taken without waiting. It returns the lease's expiry
+// in µs, the generation that makes the resume job unique; ok is false when the key exists or
+// another transaction holds its lock (a start in flight: RunLookup tells which).
 func (st *Statements) RunEnqueue(ctx context.Context, q Querier, p RunEnqueueParams) (generation int64, ok bool, err error) {
+	var pScope, pID, pClose any
+	var pSeq any
+	if p.Parent != nil {
+		pScope, pID, pSeq, pClose = p.Parent.Scope, p.Parent.ID, p.Parent.Seq, p.Parent.Close
+	}
 	err = q.QueryRow(ctx, st.runs.enqueue, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, nullText(p.Trace),
-		nullMicros(p.Timeout)).Scan(&generation)
+		nullMicros(p.Timeout), pScope, pID, pSeq, pClose, LockID(st.schema, p.Scope, p.ID)).Scan(&generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -325,17 +354,18 @@ func (st *Statements) RunEnqueue(ctx context.Context, q Querier, p RunEnqueuePar
 
 // Claim is a run as a statement that took its lease returned it (RunTakeover, WaitWake).
 type Claim struct {
-	Attempts int
-	Input    []byte
-	Created  int64 // µs
-	Trace    string
-	Now      int64  // Postgres's clock, µs
-	Deadline *int64 // µs; nil for none
+	Attempts  int
+	Input     []byte
+	Created   int64 // µs
+	Trace     string
+	Now       int64  // Postgres's clock, µs
+	Deadline  *int64 // µs; nil for none
+	HasParent bool   // a child run: its end wakes its parent
 }
 
 func scanClaim(row pgx.Row) (Claim, bool, error) {
 	var c Claim
-	err := row.Scan(&c.Attempts, &c.Input, &c.Created, &c.Trace, &c.Now, &c.Deadline)
+	err := row.Scan(&c.Attempts, &c.Input, &c.Created, &c.Trace, &c.Now, &c.Deadline, &c.HasParent)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Claim{}, false, nil
 	}
@@ -480,6 +510,3 @@ func (st *Statements) RunReconcileResume(ctx context.Context, q Querier, scope, 
 	tag, err := q.Exec(ctx, st.runs.reconcileResume, scope, id, old, micros(pause))
 	return tag.RowsAffected() == 1, err
 }
-
-// errNoRow is what a statement that must return a row returns when it did not.
-func errNoRow(what string) error { return fmt.Errorf("store: %s returned no row", what) }

@@ -72,11 +72,12 @@ type Statements struct {
 	KeyAdmin KeyAdminStatements
 	Reap     ReapStatements
 
-	schema string
-	runs   runStatements
-	steps  stepStatements
-	admin  adminStatements
-	waits  waitStatements
+	schema   string
+	runs     runStatements
+	steps    stepStatements
+	admin    adminStatements
+	waits    waitStatements
+	children childStatements
 }
 
 var cache sync.Map // schema -> *Statements
@@ -88,7 +89,8 @@ func For(schema string) *Statements {
 	}
 	t := TablesIn(schema)
 	s := &Statements{Tables: t, Keys: keyStatements(t), KeyAdmin: keyAdminStatements(t), Reap: reapStatements(t), schema: schema, runs: newRunStatements(t),
-		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t)}
+		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t),
+		children: newChildStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }
@@ -126,23 +128,6 @@ func nullText(s string) any {
 		return nil
 	}
 	return s
-}
-
-// usTime is a time in µs since the epoch, as the statements return times, read into time.Time.
-func usTime(us int64) time.Time { return time.UnixMicro(us) }
-
-// usTimePtr is usTime for a nullable column.
-func usTimePtr(us *int64) *time.Time {
-	if us == nil {
-		return nil
-	}
-	t := time.UnixMicro(*us)
-	return &t
-}
-
-// epochUS spells a timestamptz column as µs since the epoch.
-func epochUS(column string) string {
-	return "(extract(epoch FROM " + column + ") * 1000000)::int8"
 }
 
 // IsMissingTable reports whether err says a table does not exist: most often idem's, on a

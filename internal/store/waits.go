@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // waitStatements are the texts of the statements for waiting runs (sleep, await), signals,
@@ -171,10 +170,10 @@ func (st *Statements) RunWake(ctx context.Context, q Querier, p WakeParams) (Cla
 }
 
 // RunTimeOut finishes a waiting run of generation created whose deadline has passed as timed
-// out, without waking it.
-func (st *Statements) RunTimeOut(ctx context.Context, q Querier, scope, id string, created int64, output []byte, ttl time.Duration) error {
-	_, err := q.Exec(ctx, st.waits.timeOut, scope, id, created, output, micros(ttl))
-	return err
+// out, without waking it. ended is false when it was not such a run by then.
+func (st *Statements) RunTimeOut(ctx context.Context, q Querier, scope, id string, created int64, output []byte, ttl time.Duration) (ended bool, err error) {
+	tag, err := q.Exec(ctx, st.waits.timeOut, scope, id, created, output, micros(ttl))
+	return tag.RowsAffected() == 1, err
 }
 
 // SignalParams are a signal sent to a run; DedupeID "" for none.
@@ -249,12 +248,4 @@ func (st *Statements) EventGet(ctx context.Context, q Querier, scope, id, name s
 		return EventRow{}, false, nil
 	}
 	return e, err == nil, err
-}
-
-// tokenArg is a lease token as an argument: NULL when there is none.
-func tokenArg(t *pgtype.UUID) any {
-	if t == nil {
-		return nil
-	}
-	return *t
 }

@@ -232,7 +232,8 @@ func TestRunTimeOut(t *testing.T) {
 	out := []byte(`{"error":"timed out"}`)
 	timeOut := func(id string, gen int64) {
 		t.Helper()
-		require.NoError(t, b.st.RunTimeOut(b.ctx, b.pool, "s", id, gen, out, time.Hour))
+		_, err := b.st.RunTimeOut(b.ctx, b.pool, "s", id, gen, out, time.Hour)
+		require.NoError(t, err)
 	}
 
 	timeOut("due", b.stored(t, "s", "due").CreatedUS-1) // another generation
