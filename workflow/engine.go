@@ -96,6 +96,10 @@ type Config struct {
 	// for Engine.RunGet and `idem runs show`: the newest ones. Default 10.
 	StepAttemptsKept int
 
+	// MaxParallelSteps bounds the parallel branches (steps.GoTx, steps.GoCall) of one run in
+	// flight at once; starting one more waits for a slot. Default 8.
+	MaxParallelSteps int
+
 	// ReapInterval is how often expired keys (of finished runs, and of idem.Do) are deleted, by
 	// idem.Reap in idemriver's reap job. At least one second; default 1 minute.
 	ReapInterval time.Duration
@@ -222,6 +226,7 @@ func (c *Config) setDefaults() error {
 		num(&c.MaxAttempts, "MaxAttempts", DefaultMaxAttempts),
 		num(&c.ScanBatchSize, "ScanBatchSize", DefaultScanBatchSize),
 		num(&c.StepAttemptsKept, "StepAttemptsKept", DefaultStepAttemptsKept),
+		num(&c.MaxParallelSteps, "MaxParallelSteps", DefaultMaxParallelSteps),
 		func() error {
 			if c.Queue == "" {
 				c.Queue = river.QueueDefault

@@ -39,7 +39,7 @@ type runState struct {
 	created int64       // created_at in microseconds: the run's generation, part of derived step keys
 	token   pgtype.UUID // the lease's fencing token; pgtype's own type, which pgx encodes without detour
 	attempt int
-	history []store.StepRecord
+	history stepHistory
 	cancel  context.CancelCauseFunc
 
 	// tx is the run's open transaction, and the writes that wait for one. Owned by the goroutine
@@ -59,6 +59,8 @@ type runState struct {
 	committed bool    // the run's row is committed, so that renewals and takeovers see it
 
 	hasParent bool // a child run: its final transaction wakes its parent
+
+	branches branches // parallel branches in flight (see branch.go)
 }
 
 func (e *Engine) newRun(def Definition, scope, id string, token pgtype.UUID) *runState {
@@ -367,17 +369,43 @@ func (rs *runState) claimed(c store.Claim) {
 }
 
 // history reads a run's completed steps.
-func (e *Engine) history(ctx context.Context, scope, id string) ([]store.StepRecord, error) {
-	history, err := e.st.RunHistory(ctx, e.db, scope, id)
+func (e *Engine) history(ctx context.Context, scope, id string) (stepHistory, error) {
+	recs, err := e.st.RunHistory(ctx, e.db, scope, id)
 	if err != nil {
-		return nil, fmt.Errorf("workflow: error reading run history: %w", err)
+		return stepHistory{}, fmt.Errorf("workflow: error reading run history: %w", err)
 	}
-	for i, s := range history {
-		if s.Seq != i+1 {
-			return nil, fmt.Errorf("workflow: history of key %q in scope %q has a gap at step #%d", id, scope, i+1)
+	h := stepHistory{steps: make(map[int]store.StepRecord, len(recs))}
+	for _, s := range recs {
+		h.steps[s.Seq] = s
+		h.last = max(h.last, s.Seq)
+	}
+	return h, nil
+}
+
+// stepHistory is a run's completed steps by position. Steps complete in the order the workflow
+// calls them, but for parallel branches (steps.GoTx, steps.GoCall), which complete in any order:
+// a run that stopped while a branch ran has a gap where the branch was, and the branch runs
+// again on resume.
+type stepHistory struct {
+	steps map[int]store.StepRecord
+	last  int // the highest position recorded
+}
+
+// at returns the step recorded at position seq.
+func (h stepHistory) at(seq int) (store.StepRecord, bool) {
+	s, ok := h.steps[seq]
+	return s, ok
+}
+
+// from returns the first step recorded at position seq or after it: a run whose code returned
+// before reaching it no longer matches its history.
+func (h stepHistory) from(seq int) (store.StepRecord, bool) {
+	for ; seq <= h.last; seq++ {
+		if s, ok := h.steps[seq]; ok {
+			return s, true
 		}
 	}
-	return history, nil
+	return store.StepRecord{}, false
 }
 
 // outcomeKind is how an execution of a run ended.
@@ -445,6 +473,7 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 
 	stopHeartbeat := e.heartbeat(runCtx, rs)
 	out, ferr, panicked := callSafely(runCtx, rs.def, input)
+	rs.drain() // branches still in flight write under the lease, which the heartbeat keeps
 	stopHeartbeat()
 
 	if panicked != nil && !rs.isCommitted() {
@@ -472,8 +501,8 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 		return e.abandon(ctx, rs, context.Cause(runCtx))
 	case errors.As(ferr, &mErr):
 		return e.abandon(ctx, rs, ferr)
-	case rs.next-1 < len(rs.history):
-		s := rs.history[rs.next-1]
+	}
+	if s, ok := rs.history.from(rs.next); ok {
 		return e.abandon(ctx, rs, &NonDeterminismError{Workflow: rs.def.Name(), Seq: s.Seq, Stored: s.Kind + ":" + s.Name})
 	}
 

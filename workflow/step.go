@@ -102,6 +102,7 @@ type StepInfo struct {
 
 	rs            *runState
 	checkpointNow bool
+	branch        bool // a parallel branch (GoStep): it writes on its own, not through the run's transaction
 }
 
 // RiverClient returns the application's River client, for step kinds that insert jobs.
@@ -195,68 +196,105 @@ func RunStepTx(ctx context.Context, kind, name string, opts *StepOpts, body func
 // telling the workflow's failures from the machinery's. inPostgres is true for the steps whose
 // work is a Postgres transaction (RunStepTx): a lost connection there has not failed the step.
 func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres bool, attempt func(ctx context.Context, s *StepInfo) ([]byte, error)) ([]byte, error) {
+	c, err := claimStep(ctx, kind, name, opts, true)
+	if err != nil || c.replayed {
+		return c.output, err
+	}
+	defer c.rs.idle()
+	rs := c.rs
+	if err := rs.boundary(ctx, inPostgres); err != nil {
+		return nil, err
+	}
+	ctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, c.info.Seq, false)
+	out, err := rs.attempts(ctx, c.info, &c.cfg, inPostgres, span, attempt)
+	span.end(c.info.Attempt, err)
+	return out, err
+}
+
+// claimedStep is a step whose position a call took: either replayed from the history (output
+// and err are its stored outcome), or to be run (info, cfg).
+type claimedStep struct {
+	rs       *runState
+	info     *StepInfo
+	cfg      StepOpts
+	replayed bool
+	output   []byte
+}
+
+// claimStep is the part every step shares before it runs: the run, the step's position (taken
+// at the call, in the order the workflow calls steps, so that replays are deterministic), and,
+// when the history holds the position, the stored outcome instead. main says the step runs in
+// the workflow's own line (the run is busy with it until idle), not as a parallel branch.
+func claimStep(ctx context.Context, kind, name string, opts *StepOpts, main bool) (claimedStep, error) {
 	rs, ok := runFrom(ctx)
 	if !ok {
-		return nil, fmt.Errorf("workflow: step %q was called outside a workflow: ctx must be (or derive from) the context a workflow function receives", name)
+		return claimedStep{}, fmt.Errorf("workflow: step %q was called outside a workflow: ctx must be (or derive from) the context a workflow function receives", name)
 	}
+	c := claimedStep{rs: rs}
 	if name == "" || len(name) > 255 {
-		return nil, errors.New("workflow: step name must be 1 to 255 bytes")
+		return c, errors.New("workflow: step name must be 1 to 255 bytes")
 	}
 	cfg, err := opts.withDefaults()
 	if err != nil {
-		return nil, err
+		return c, err
 	}
 	if cause := context.Cause(ctx); cause != nil {
-		return nil, rs.stop(cause)
+		return c, rs.stop(cause)
 	}
 
 	rs.mu.Lock()
 	if rs.end != nil {
 		defer rs.mu.Unlock()
-		return nil, rs.end.err
+		return c, rs.end.err
 	}
 	if rs.busy != "" {
 		busy := rs.busy
 		rs.mu.Unlock()
-		return nil, rs.stop(&machineryError{fmt.Errorf("workflow: step %q was called while step %q is running; steps of a run must be called one at a time, so that their order is the same on every resume", name, busy)})
+		return c, rs.stop(&machineryError{fmt.Errorf("workflow: step %q was called while step %q is running; steps of a run must be called one at a time (steps.GoTx and steps.GoCall run steps beside the workflow), so that their order is the same on every resume", name, busy)})
 	}
 	seq := rs.next
 	rs.next++
-	rs.busy = name
+	if main {
+		rs.busy = name
+	}
 	rs.mu.Unlock()
-	defer func() {
-		rs.mu.Lock()
-		rs.busy = ""
-		rs.mu.Unlock()
-	}()
 
-	if seq <= len(rs.history) {
-		rec := rs.history[seq-1]
+	if rec, ok := rs.history.at(seq); ok {
+		if main {
+			defer rs.idle()
+		}
+		c.replayed = true
 		if rec.Name != name || rec.Kind != kind {
-			return nil, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.Kind + ":" + rec.Name, Called: kind + ":" + name})
+			return c, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.Kind + ":" + rec.Name, Called: kind + ":" + name})
 		}
 		_, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, true)
 		if rec.Error != nil {
 			err := &StepError{Step: name, Seq: seq, Attempts: rec.Attempts, Message: *rec.Error}
 			span.end(0, err)
-			return nil, err
+			return c, err
 		}
 		span.end(0, nil)
-		return rec.Output, nil
+		c.output = rec.Output
+		return c, nil
 	}
 
 	if rs.deadlinePassed() {
-		return nil, rs.endWith(endDeadline, errDeadline)
+		if main {
+			rs.idle()
+		}
+		return c, rs.endWith(endDeadline, errDeadline)
 	}
-	if err := rs.boundary(ctx, inPostgres); err != nil {
-		return nil, err
-	}
-	info := &StepInfo{Kind: kind, Name: name, Seq: seq, Key: stepKey(rs.scope, rs.id, rs.created, seq, name), rs: rs,
-		checkpointNow: cfg.CheckpointNow}
-	ctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, false)
-	out, err := rs.attempts(ctx, info, &cfg, inPostgres, span, attempt)
-	span.end(info.Attempt, err)
-	return out, err
+	c.cfg = cfg
+	c.info = &StepInfo{Kind: kind, Name: name, Seq: seq, Key: stepKey(rs.scope, rs.id, rs.created, seq, name), rs: rs,
+		checkpointNow: cfg.CheckpointNow, branch: !main}
+	return c, nil
+}
+
+// idle ends the main line's step in progress.
+func (rs *runState) idle() {
+	rs.mu.Lock()
+	rs.busy = ""
+	rs.mu.Unlock()
 }
 
 // attempts runs a step's attempts until one succeeds, the step fails for good (its failure is
@@ -296,7 +334,13 @@ func (rs *runState) attempts(ctx context.Context, info *StepInfo, cfg *StepOpts,
 		if outcome != store.AttemptRetried {
 			// The failure is the step's outcome: stored, so a resumed run gets it back.
 			msg := err.Error()
-			rs.tx.queue(rs.checkpointParams(info, nil, &msg))
+			if info.branch {
+				if cerr := rs.writeCheckpoint(ctx, rs.checkpointParams(info, nil, &msg)); cerr != nil {
+					return nil, cerr
+				}
+			} else {
+				rs.tx.queue(rs.checkpointParams(info, nil, &msg))
+			}
 			return nil, &StepError{Step: info.Name, Seq: info.Seq, Attempts: n, Message: msg}
 		}
 		span.retry(ctx, n, err)
@@ -335,7 +379,13 @@ const maxAttemptError = 2 << 10
 // transaction of its own.
 func (rs *runState) recordAttempt(ctx context.Context, info *StepInfo, outcome store.AttemptOutcome, err error) error {
 	shared := !rs.isCommitted()
-	rerr := rs.tx.record(ctx, rs.e.st.StepAttempt(rs.attemptParams(info, outcome, err)))
+	var rerr error
+	if info.branch {
+		// A branch writes on its own: the run's transaction belongs to the workflow's line.
+		_, rerr = rs.e.st.StepAttempt(rs.attemptParams(info, outcome, err)).Exec(ctx, rs.e.db)
+	} else {
+		rerr = rs.tx.record(ctx, rs.e.st.StepAttempt(rs.attemptParams(info, outcome, err)))
+	}
 	switch {
 	case rerr == nil:
 		return nil
@@ -353,7 +403,7 @@ func (rs *runState) recordAttempt(ctx context.Context, info *StepInfo, outcome s
 // recordStopped records, as far as it can, the attempt during which the run stopped: the
 // database may be what stopped it. A run whose start is not committed leaves nothing behind.
 func (rs *runState) recordStopped(ctx context.Context, info *StepInfo, err error) {
-	if !rs.isCommitted() || rs.tx.open() {
+	if !rs.isCommitted() || (!info.branch && rs.tx.open()) {
 		return
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -441,13 +491,18 @@ func (rs *runState) checkpointCall(ctx context.Context, s *StepInfo, output []by
 		rs.tx.queue(p)
 		return nil
 	}
-	// One statement, so no transaction around it. If its acknowledgement is lost, the run stops
-	// and a resume reads the history to see whether it landed.
+	return rs.writeCheckpoint(ctx, p)
+}
+
+// writeCheckpoint writes a step's row now, fenced: one statement, so no transaction around it.
+// If its acknowledgement is lost, the run stops and a resume reads the history to see whether it
+// landed.
+func (rs *runState) writeCheckpoint(ctx context.Context, p store.CheckpointParams) error {
 	if _, err := rs.e.st.StepCheckpoint(p).Exec(ctx, rs.e.db); err != nil {
 		if store.IsFenceError(err) {
-			return rs.checkpointError(s.Name, err)
+			return rs.checkpointError(p.Name, err)
 		}
-		return rs.stop(&machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", s.Name, err)})
+		return rs.stop(&machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", p.Name, err)})
 	}
 	return nil
 }

@@ -76,6 +76,7 @@ func (*wakeSoon) InsertBegin(_ context.Context, p *rivertype.JobInsertParams) er
 // the run; if so the run's execution ends once the transaction commits.
 func (rs *runState) waitTx(ctx context.Context, step string, decide func(t pgx.Tx, w *store.WaitRow) (suspended bool, err error)) error {
 	e, rt := rs.e, rs.tx
+	rs.drain() // a run that suspends gives up its lease: its branches finish first
 	if err := rt.begin(ctx); err != nil {
 		return rs.stop(&machineryError{fmt.Errorf("workflow: error beginning step %q: %w", step, err)})
 	}

@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Counter counts round trips and statements on the connections it is installed on.
+// Counter counts round trips and statements on the connections it is installed on. Each
+// connection counts its own round trips, so that connections used at once (a workflow's parallel
+// branches) are counted as they would be one by one.
 //
 //	c := &roundtrip.Counter{}
 //	cfg.ConnConfig.DialFunc, cfg.ConnConfig.Tracer = c.Dial, c
@@ -23,13 +25,14 @@ type Counter struct {
 	mu         sync.Mutex
 	trips      int
 	statements int
-	reading    bool
+	generation int // of the last Reset: a connection's first write after it starts a round trip
 }
 
 // Reset starts counting afresh.
 func (c *Counter) Reset() {
 	c.mu.Lock()
-	c.trips, c.statements, c.reading = 0, 0, true
+	c.trips, c.statements = 0, 0
+	c.generation++
 	c.mu.Unlock()
 }
 
@@ -77,14 +80,16 @@ func (c *Counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndDat
 
 type countingConn struct {
 	net.Conn
-	c *Counter
+	c          *Counter
+	reading    bool // the connection read since it last wrote
+	generation int
 }
 
 func (cc *countingConn) Write(p []byte) (int, error) {
 	cc.c.mu.Lock()
-	if cc.c.reading {
+	if cc.reading || cc.generation != cc.c.generation {
 		cc.c.trips++
-		cc.c.reading = false
+		cc.reading, cc.generation = false, cc.c.generation
 	}
 	cc.c.mu.Unlock()
 	return cc.Conn.Write(p)
@@ -93,7 +98,7 @@ func (cc *countingConn) Write(p []byte) (int, error) {
 func (cc *countingConn) Read(p []byte) (int, error) {
 	n, err := cc.Conn.Read(p)
 	cc.c.mu.Lock()
-	cc.c.reading = true
+	cc.reading = true
 	cc.c.mu.Unlock()
 	return n, err
 }
