@@ -199,7 +199,22 @@ ALTER TABLE idem_runs
 -- A run's children, for RunGet, RunList's parent filter and the cascade of a cancel.
 CREATE INDEX idem_runs_parent ON idem_runs (parent_scope, parent_id) WHERE parent_id IS NOT NULL;
 
+-- 005_concurrency
+
+-- Per-key concurrency: a workflow may allow at most concurrency_limit runs with the same
+-- concurrency_key to be active (running, sleeping or awaiting) at once. A run that finds its key
+-- full waits in state 'queued', holding nothing, and is started, oldest first, by the
+-- transaction that ends an active run of its key.
+ALTER TABLE idem_runs
+    ADD COLUMN concurrency_key   text COLLATE "C",
+    ADD COLUMN concurrency_limit integer;
+
+-- The active and queued runs of a key, oldest first: counted and promoted under the key's lock.
+CREATE INDEX idem_runs_concurrency ON idem_runs (workflow, concurrency_key, created_at)
+    WHERE concurrency_key IS NOT NULL AND state IN ('queued', 'running', 'sleeping', 'awaiting');
+
 INSERT INTO idem_migrations (version, name) VALUES (1, 'tables');
 INSERT INTO idem_migrations (version, name) VALUES (2, 'waits');
 INSERT INTO idem_migrations (version, name) VALUES (3, 'attempts');
 INSERT INTO idem_migrations (version, name) VALUES (4, 'children');
+INSERT INTO idem_migrations (version, name) VALUES (5, 'concurrency');

@@ -68,7 +68,7 @@ func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) err
 		if err := e.st.RunCancel(ctx, t, key.Scope, key.ID, encodeFailure(reason), e.cfg.TTL); err != nil {
 			return fmt.Errorf("workflow: error cancelling run: %w", err)
 		}
-		children, err := e.endRun(ctx, t, key, store.RunCancelled, true)
+		children, err := e.endRun(ctx, t, key, store.RunCancelled, true, run.State == store.RunQueued)
 		if err != nil {
 			return fmt.Errorf("workflow: error cancelling run: %w", err)
 		}
@@ -126,6 +126,8 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 			return fmt.Errorf("workflow: the run of %q under key %q in scope %q was cancelled while %s ran it, and that process may still be finishing its current step until its lease runs out (at most Config.Lease); resume it after that", run.Workflow, key.ID, key.Scope, run.Owner)
 		case run.LeaseLive:
 			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is running in %s, which holds its lease; cancel it first, or let it finish", run.Workflow, key.ID, key.Scope, run.Owner)
+		case run.State == store.RunQueued:
+			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is queued for a slot of its concurrency key; it starts when one frees", run.Workflow, key.ID, key.Scope)
 		case run.State != store.RunFailed && run.State != store.RunCancelled && run.State != store.RunRunning:
 			return fmt.Errorf("workflow: the run of %q under key %q in scope %q is %s; only a failed, cancelled or stuck running run can be resumed", run.Workflow, key.ID, key.Scope, run.State)
 		case run.State == store.RunFailed:
@@ -136,6 +138,15 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 		generation, err := e.st.RunReopen(ctx, t, key.Scope, key.ID)
 		if err != nil {
 			return fmt.Errorf("workflow: error reopening run: %w", err)
+		}
+		admitted, err := e.readmit(ctx, t, key, run.State)
+		if err != nil {
+			return fmt.Errorf("workflow: error reopening run: %w", err)
+		}
+		if !admitted {
+			e.log.InfoContext(ctx, "workflow: run resumed by an operator waits for a slot of its concurrency key", "workflow", run.Workflow,
+				"scope", key.Scope, "id", key.ID)
+			return nil
 		}
 		if err := e.insertResume(ctx, client, t, key, generation, resumeByOperator); err != nil {
 			return err
@@ -192,8 +203,10 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		if fromStep > steps+1 {
 			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
 		}
-		generation, ok, err := e.st.RunEnqueue(ctx, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
-			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout})
+		// The resume job (or the admission of a queued run) starts the fork once this
+		// transaction, which copies its history too, commits.
+		ok, err = e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
+			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout, Concurrency: src.Concurrency}, resumeForked)
 		switch {
 		case err != nil:
 			return fmt.Errorf("workflow: error creating the forked run: %w", err)
@@ -202,9 +215,6 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		}
 		if err := e.st.RunForkSteps(ctx, t, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
 			return fmt.Errorf("workflow: error copying the run's history: %w", err)
-		}
-		if err := e.insertResume(ctx, client, t, newKey, generation, resumeForked); err != nil {
-			return err
 		}
 		e.log.InfoContext(ctx, "workflow: run forked", "workflow", src.Workflow, "scope", key.Scope, "id", key.ID,
 			"new_scope", newKey.Scope, "new_id", newKey.ID, "from_step", fromStep)

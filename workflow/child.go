@@ -105,9 +105,13 @@ func (w *Workflow[In, Out]) StartChild(ctx context.Context, step string, in In, 
 			return nil, StopRun(ctx, err)
 		}
 		fingerprint := idem.Fingerprint("idem.workflow.input", w.name, string(input))
-		generation, started, err := e.st.RunEnqueue(ctx, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint,
+		conc, err := w.concurrency(input)
+		if err != nil {
+			return nil, &permanent{err}
+		}
+		started, err := e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint,
 			Workflow: w.name, Input: input, Trace: traceparent(ctx), Timeout: opts.Timeout,
-			Parent: &store.ParentRef{Scope: rs.scope, ID: rs.id, Seq: info.Seq, Close: closeRule}})
+			Parent: &store.ParentRef{Scope: rs.scope, ID: rs.id, Seq: info.Seq, Close: closeRule}, Concurrency: conc}, resumeChild)
 		if err != nil {
 			return nil, fmt.Errorf("error starting child: %w", err)
 		}
@@ -128,9 +132,6 @@ func (w *Workflow[In, Out]) StartChild(ctx context.Context, step string, in In, 
 				return nil, &permanent{cerr}
 			}
 			return nil, &permanent{fmt.Errorf("%w: key %q in scope %q was used before and has expired; give the child a new key", idem.ErrMismatch, key.ID, key.Scope)}
-		}
-		if err := e.insertResume(ctx, client, t, key, generation, resumeChild); err != nil {
-			return nil, err
 		}
 		return json.Marshal(childRef{Workflow: w.name, Scope: key.Scope, ID: key.ID})
 	})
@@ -227,14 +228,18 @@ func parentEndedMessage(parent idem.Key, state store.RunState) string {
 
 // endRun is what every transaction that ends a run other than by its owner's outcome does
 // besides (a cancel, a timeout of a waiting run, a reconcile decision), once it has ended it: it
-// wakes the run's parent, if it waits for it, and cancels its children when the run was cancelled
-// or timed out. wakeParent is false for a caller that woke the parent already (first, to lock
-// the parent before the run). It returns the children it cancelled.
-func (e *Engine) endRun(ctx context.Context, t pgx.Tx, key idem.Key, state store.RunState, wakeParent bool) ([]store.RunKey, error) {
+// wakes the run's parent, if it waits for it, starts a queued run of its concurrency key when it
+// held a slot (it was not queued), and cancels its children when the run was cancelled or timed
+// out. wakeParent is false for a caller that woke the parent already (first, to lock the parent
+// before the run). It returns the children it cancelled.
+func (e *Engine) endRun(ctx context.Context, t pgx.Tx, key idem.Key, state store.RunState, wakeParent, wasQueued bool) ([]store.RunKey, error) {
 	if wakeParent {
 		if err := e.wakeParent(ctx, t, key.Scope, key.ID); err != nil {
 			return nil, err
 		}
+	}
+	if err := e.admitEnded(ctx, t, key, wasQueued); err != nil {
+		return nil, fmt.Errorf("error starting a queued run: %w", err)
 	}
 	if state != store.RunCancelled && state != store.RunTimedOut {
 		return nil, nil
@@ -242,6 +247,11 @@ func (e *Engine) endRun(ctx context.Context, t pgx.Tx, key idem.Key, state store
 	children, err := e.st.RunCancelChildren(ctx, t, key.Scope, key.ID, encodeFailure(parentEndedMessage(key, state)), e.cfg.TTL)
 	if err != nil {
 		return nil, fmt.Errorf("error cancelling the run's children: %w", err)
+	}
+	for _, c := range children {
+		if err := e.admitEnded(ctx, t, idem.Key{Scope: c.Scope, ID: c.ID}, c.WasQueued); err != nil {
+			return nil, fmt.Errorf("error starting a queued run: %w", err)
+		}
 	}
 	return children, nil
 }

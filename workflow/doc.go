@@ -66,8 +66,8 @@
 // A run is in one [RunState] at a time; this is every transition, and who makes it:
 //
 //	            Workflow.Run (this process owns it); StartTx, RunFork, StartChild (ownerless: a resume job)
-//	                                  │
-//	                                  ▼
+//	                                  │ (a limited workflow's run whose key has no free slot: queued, until
+//	                                  ▼  the end of an active run of its key starts it: WithConcurrency)
 //	resume job, a Run call ─────► running ◄──────────────────────── wake job: the sleep is over, a signal
 //	(lease expired: takeover)     │  │  │                               came, or the await timed out
 //	                              │  │  └── steps.Sleep ──────► sleeping ──┤
@@ -76,7 +76,7 @@
 //	                              │
 //	    the workflow returns ─────┼──────────► done, failed
 //	    the deadline passes ──────┼──────────► timed_out   (the owner at a step boundary, or the wake job)
-//	    Engine.RunCancel ─────────┴──────────► cancelled   (also from sleeping and awaiting)
+//	    Engine.RunCancel ─────────┴──────────► cancelled   (also from sleeping, awaiting and queued)
 //	    a parent's cancel or timeout ─────────► cancelled   (its children, unless ChildOpts.Abandon)
 //	    reconcile hook (out of attempts, or unregistered): Complete → done, Fail → failed,
 //	                                                       ResumeLater → running, ownerless

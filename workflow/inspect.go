@@ -34,6 +34,7 @@ const (
 	RunStateFailed    = RunState(store.RunFailed)
 	RunStateCancelled = RunState(store.RunCancelled)
 	RunStateTimedOut  = RunState(store.RunTimedOut)
+	RunStateQueued    = RunState(store.RunQueued) // waits for a slot of its concurrency key
 )
 
 // Finished reports whether s is a final state: done, failed, cancelled or timed out.

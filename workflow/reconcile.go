@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/jackc/pgx/v5"
 )
@@ -168,8 +169,11 @@ func (e *Engine) reconcileEnd(ctx context.Context, scope, id string, row *store.
 		if err := e.wakeParent(ctx, t, scope, id); err != nil {
 			return err
 		}
-		_, err := e.st.RunReconcileEnd(ctx, t, scope, id, row.Token, state, output, e.cfg.TTL)
-		return err
+		ended, err := e.st.RunReconcileEnd(ctx, t, scope, id, row.Token, state, output, e.cfg.TTL)
+		if err != nil || !ended {
+			return err
+		}
+		return e.admitEnded(ctx, t, idem.Key{Scope: scope, ID: id}, false)
 	})
 }
 

@@ -30,7 +30,8 @@ type ResumeArgs struct {
 	LeaseExpiry int64  `json:"lease_expiry" river:"unique"` // the expired lease, in µs since the epoch
 
 	// Reason says why the job was inserted, for operators and the log: "start" (StartTx),
-	// "operator" (RunResume), "fork" (RunFork), "child" (Workflow.StartChild); "" when the
+	// "operator" (RunResume), "fork" (RunFork), "child" (Workflow.StartChild), "admitted" (a
+	// queued run whose concurrency key had a slot free); "" when the
 	// recovery scan found the run's lease expired. It is not part of the job's uniqueness: the
 	// scan, which finds an ownerless run's lease expired too, adds no second job for it.
 	Reason string `json:"reason,omitempty"`
@@ -42,6 +43,7 @@ const (
 	resumeByOperator = "operator"
 	resumeForked     = "fork"
 	resumeChild      = "child"
+	resumeAdmitted   = "admitted"
 )
 
 // Kind implements river.JobArgs.
@@ -216,7 +218,7 @@ func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *sto
 		return "taken", nil // another process was faster
 	}
 	switch reason {
-	case resumeStarted, resumeForked, resumeChild:
+	case resumeStarted, resumeForked, resumeChild, resumeAdmitted:
 		// Not a recovery: a run started in a transaction (StartTx), or forked, begins here.
 		e.log.InfoContext(ctx, "workflow: starting run", "workflow", row.Workflow, "scope", scope, "id", id, "by", reason,
 			"replayed_steps", row.RecoveryPoint != "")

@@ -58,7 +58,8 @@ type runState struct {
 	end       *ending // why this process's part in the run ended early; set once
 	committed bool    // the run's row is committed, so that renewals and takeovers see it
 
-	hasParent bool // a child run: its final transaction wakes its parent
+	hasParent bool               // a child run: its final transaction wakes its parent
+	conc      *store.Concurrency // its concurrency key: its final transaction starts a queued run of it
 
 	branches branches // parallel branches in flight (see branch.go)
 }
@@ -237,9 +238,13 @@ func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fi
 // output (replayed false when this call produced it), or the stored failure, or why not.
 func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, timeout time.Duration) (out []byte, replayed bool, err error) {
 	name := def.Name()
+	conc, err := def.concurrency(input)
+	if err != nil {
+		return nil, false, err
+	}
 	token := newToken() // one per call, so that a pass can recognise a start of an earlier pass that landed
 	start := store.RunStartParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: name, Input: input, Token: token,
-		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout}
+		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout, Concurrency: conc}
 	var lost time.Time // when a start of this call's was lost with its COMMIT (see below)
 	inFlight := func(after time.Duration) error {
 		return &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, after)}
@@ -263,6 +268,18 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 				return nil, false, fmt.Errorf("workflow: error reusing expired key: %w", err)
 			}
 			row.Started, row.Created = ok, r.Created
+		}
+		if row.Started && conc != nil {
+			// A limited workflow decides under its key's lock whether the run may start, and
+			// commits the decision before any code runs: a queued run waits, holding nothing.
+			admitted, err := rs.tx.admitStart(ctx, name, *conc)
+			switch {
+			case err != nil:
+				return nil, false, fmt.Errorf("workflow: error starting run: %w", err)
+			case !admitted:
+				return nil, false, inFlight(time.Second)
+			}
+			rs.conc = conc
 		}
 		if row.Started {
 			rs.created, rs.attempt, rs.timeout = row.Created, 1, timeout
@@ -316,8 +333,9 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			}
 			res := e.execute(ctx, rs, input)
 			return res.output, false, res.err
-		case state.Waiting():
-			// Waiting for a River job to wake it; whoever runs that job finishes the run.
+		case state.Waiting(), state == store.RunQueued:
+			// Waiting for a River job to wake it, or for a slot of its concurrency key; whoever
+			// runs that job finishes the run.
 			return nil, false, inFlight(time.Second)
 		case kr.LeaseLive:
 			return nil, false, inFlight(kr.LeaseLeft)
@@ -363,7 +381,7 @@ func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string,
 
 // claimed sets up a run whose lease this process took (a takeover, a wake-up).
 func (rs *runState) claimed(c store.Claim) {
-	rs.attempt, rs.created, rs.hasParent = c.Attempts, c.Created, c.HasParent
+	rs.attempt, rs.created, rs.hasParent, rs.conc = c.Attempts, c.Created, c.HasParent, c.Concurrency
 	rs.markCommitted()
 	rs.setClock(c.Now, c.Deadline)
 }
@@ -538,17 +556,26 @@ func (rs *runState) finish(ctx context.Context, state store.RunState, result []b
 		c := e.st.RunCancelChildrenStmt(rs.scope, rs.id, encodeFailure(parentEndedMessage(idemKey(rs), state)), e.cfg.TTL)
 		writes = append(writes, txctl.Deferred{SQL: c.SQL, Args: c.Args})
 	}
-	if rs.hasParent {
-		// The parent's row is locked before this run's (whose fence goes with COMMIT), as the
-		// parent's own transactions lock it, so the two never wait for each other in a circle.
+	if rs.hasParent || rs.conc != nil {
 		if !rs.tx.open() {
 			if err := rs.tx.begin(ctx); err != nil {
 				return rs.stop(&machineryError{err})
 			}
 		}
+	}
+	if rs.hasParent {
+		// The parent's row is locked before this run's (whose fence goes with COMMIT), as the
+		// parent's own transactions lock it, so the two never wait for each other in a circle.
 		if err := e.wakeParent(ctx, rs.tx.view, rs.scope, rs.id); err != nil {
 			rs.tx.rollback(ctx)
 			return rs.stop(&machineryError{fmt.Errorf("workflow: error waking the parent run: %w", err)})
+		}
+	}
+	if rs.conc != nil {
+		// Its slot frees with this transaction: the oldest queued run of its key starts.
+		if err := e.admit(ctx, rs.tx.view, rs.def.Name(), *rs.conc, rs.scope, rs.id); err != nil {
+			rs.tx.rollback(ctx)
+			return rs.stop(&machineryError{fmt.Errorf("workflow: error starting a queued run: %w", err)})
 		}
 	}
 	err := rs.tx.commit(ctx, writes...)

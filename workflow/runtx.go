@@ -155,6 +155,34 @@ func (rt *runTx) replace(ctx context.Context, p store.RunReplaceParams) (store.R
 	return r, true, nil
 }
 
+// admitStart decides, under the concurrency key's lock, whether the run just started in the open
+// transaction may run, and commits: the run then exists, running or queued.
+func (rt *runTx) admitStart(ctx context.Context, workflow string, c store.Concurrency) (bool, error) {
+	st := rt.rs.e.st
+	lock, admit := st.ConcurrencyLockStmt(workflow, c.Key), st.RunAdmitStartStmt(rt.params.Scope, rt.params.ID, workflow, c)
+	b := &pgx.Batch{}
+	b.Queue(lock.SQL, lock.Args...)
+	b.Queue(admit.SQL, admit.Args...)
+	br := rt.real.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var admitted bool
+	if err == nil {
+		admitted, err = store.ScanAdmitted(br.QueryRow())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		rt.rollback(ctx)
+		return false, err
+	}
+	rt.clean = false // committed now; a Tx step opens a transaction of its own
+	if err := rt.commit(ctx); err != nil {
+		return false, err
+	}
+	return admitted, nil
+}
+
 // resendStart sends the run's start again after undoStep rolled it back. errStartTaken means the
 // key was taken meanwhile.
 func (rt *runTx) resendStart(ctx context.Context) error {

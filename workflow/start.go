@@ -55,8 +55,13 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	if err := e.heldByDo(ctx, w.name, key); err != nil {
 		return err
 	}
-	p := store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: traceparent(ctx)}
-	generation, ok, err := e.st.RunEnqueue(ctx, t, p)
+	conc, err := w.concurrency(input)
+	if err != nil {
+		return err
+	}
+	p := store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: traceparent(ctx),
+		Concurrency: conc}
+	ok, err := e.enqueue(ctx, client, t, p, resumeStarted)
 	if err != nil {
 		return fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
 	}
@@ -74,14 +79,16 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 		}
 		// An expired, finished key is a new key, as for Run: take it, ownerless.
 		r, ok, err := e.st.RunReplace(ctx, t, store.RunReplaceParams{RunStartParams: store.RunStartParams{Scope: key.Scope, ID: key.ID,
-			Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: p.Trace}})
+			Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: p.Trace, Concurrency: conc}, Queued: conc != nil})
 		switch {
 		case err != nil:
 			return fmt.Errorf("workflow: error starting run: %w", err)
 		case !ok:
 			return fmt.Errorf("workflow: key %q in scope %q changed while the run was being started; try again", key.ID, key.Scope)
+		case conc != nil:
+			return e.admit(ctx, t, w.name, *conc, "", "")
 		}
-		generation = r.LeaseExpires
+		return e.insertResume(ctx, client, t, key, r.LeaseExpires, resumeStarted)
 	}
-	return e.insertResume(ctx, client, t, key, generation, resumeStarted)
+	return nil
 }

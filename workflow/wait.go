@@ -199,7 +199,7 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 			if err != nil || !ended {
 				return err
 			}
-			_, err = e.endRun(ctx, t, idem.Key{Scope: a.Scope, ID: a.ID}, store.RunTimedOut, false)
+			_, err = e.endRun(ctx, t, idem.Key{Scope: a.Scope, ID: a.ID}, store.RunTimedOut, false, false)
 			return err
 		})
 		if err != nil {

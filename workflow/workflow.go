@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 )
 
@@ -23,6 +24,10 @@ type Definition interface {
 
 	// call decodes input, runs the workflow function and encodes its output.
 	call(ctx context.Context, input []byte) ([]byte, error)
+
+	// concurrency is the concurrency key and limit of a run with this input (see
+	// Workflow.WithConcurrency); nil when the workflow has none, or the key is "".
+	concurrency(input []byte) (*store.Concurrency, error)
 }
 
 // Workflow is a workflow with input In and output Out, made by [Define]. Both types must
@@ -33,6 +38,58 @@ type Definition interface {
 type Workflow[In, Out any] struct {
 	name string
 	fn   func(ctx context.Context, in In) (Out, error)
+
+	limit int                // of active runs per concurrency key; 0 for no limit
+	key   func(in In) string // a run's concurrency key
+}
+
+// MaxConcurrencyKey is the longest concurrency key, in bytes (see [Workflow.WithConcurrency]).
+//
+//	if len(account) > workflow.MaxConcurrencyKey { ... }
+const MaxConcurrencyKey = 200
+
+// WithConcurrency limits how many runs of w with the same concurrency key are active (running,
+// sleeping or awaiting) at once: at most limit. key computes a run's concurrency key from its
+// input (an account, a customer); a run whose key is "" is not limited. A run that starts when
+// its key has no free slot waits, durably and holding nothing, in state queued; the transaction
+// that ends an active run of the key (its outcome, a cancel, a timeout) starts the oldest queued
+// one, through a River resume job: woken, not polled. Workflow.Run of a queued run answers
+// idem.ErrInFlight (or, with RunOpts.Wait, waits for its outcome). Like Define, it is meant for
+// package-level variables, and panics on a limit below 1 or a nil key function. It returns w.
+//
+//	var Payout = workflow.Define("payout", payout).WithConcurrency(1, func(req PayoutReq) string {
+//		return req.Account // one payout at a time per account
+//	})
+//
+// Deciding whether a run may start takes the key's lock and one more round trip, and a run of a
+// limited workflow commits its start before its code runs (see the README).
+func (w *Workflow[In, Out]) WithConcurrency(limit int, key func(in In) string) *Workflow[In, Out] {
+	if limit < 1 {
+		panic(fmt.Sprintf("workflow: WithConcurrency needs a limit of at least 1 (got %d)", limit))
+	}
+	if key == nil {
+		panic("workflow: WithConcurrency needs a key function; key is nil")
+	}
+	w.limit, w.key = limit, key
+	return w
+}
+
+func (w *Workflow[In, Out]) concurrency(input []byte) (*store.Concurrency, error) {
+	if w.limit == 0 {
+		return nil, nil
+	}
+	var in In
+	if err := json.Unmarshal(input, &in); err != nil {
+		return nil, fmt.Errorf("workflow: input of workflow %q cannot be decoded into %T for its concurrency key: %w", w.name, in, err)
+	}
+	k := w.key(in)
+	switch {
+	case k == "":
+		return nil, nil
+	case len(k) > MaxConcurrencyKey:
+		return nil, fmt.Errorf("workflow: the concurrency key of a run of %q is %d bytes; it cannot be longer than %d (see WithConcurrency)", w.name, len(k), MaxConcurrencyKey)
+	}
+	return &store.Concurrency{Key: k, Limit: w.limit}, nil
 }
 
 // Define makes a workflow from an ordinary Go function that calls named steps (package steps).

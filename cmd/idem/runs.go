@@ -328,7 +328,7 @@ func parseTime(name, s string) (time.Time, error) {
 }
 
 // states are the states a run can be in.
-var states = []workflow.RunState{workflow.RunStateRunning, workflow.RunStateSleeping, workflow.RunStateAwaiting,
+var states = []workflow.RunState{workflow.RunStateQueued, workflow.RunStateRunning, workflow.RunStateSleeping, workflow.RunStateAwaiting,
 	workflow.RunStateDone, workflow.RunStateFailed, workflow.RunStateCancelled, workflow.RunStateTimedOut}
 
 func stateNames() []string {

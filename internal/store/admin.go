@@ -100,7 +100,7 @@ WHERE scope = $1 AND id = $2
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		forkSource: t.render(`SELECT workflow, fingerprint, input, coalesce(trace_context, ''),
-	(extract(epoch FROM deadline - created_at) * 1000000)::int8
+	(extract(epoch FROM deadline - created_at) * 1000000)::int8, concurrency_key, coalesce(concurrency_limit, 0)
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
 		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
@@ -235,6 +235,7 @@ type ForkSource struct {
 	Input       []byte
 	Trace       string
 	Timeout     time.Duration // the run's deadline less its creation; 0 for none
+	Concurrency *Concurrency  // the run's concurrency key and limit; nil for none
 }
 
 // RunForkSource reads what a fork copies, locking the run against a concurrent change of its
@@ -242,12 +243,17 @@ type ForkSource struct {
 func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id string) (ForkSource, bool, error) {
 	var f ForkSource
 	var timeout *int64
-	err := q.QueryRow(ctx, st.admin.forkSource, scope, id).Scan(&f.Workflow, &f.Fingerprint, &f.Input, &f.Trace, &timeout)
+	var key *string
+	var limit int
+	err := q.QueryRow(ctx, st.admin.forkSource, scope, id).Scan(&f.Workflow, &f.Fingerprint, &f.Input, &f.Trace, &timeout, &key, &limit)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ForkSource{}, false, nil
 	}
 	if timeout != nil {
 		f.Timeout = time.Duration(*timeout) * time.Microsecond
+	}
+	if key != nil {
+		f.Concurrency = &Concurrency{Key: *key, Limit: limit}
 	}
 	return f, err == nil, err
 }

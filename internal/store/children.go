@@ -30,17 +30,17 @@ func newChildStatements(t Tables) childStatements {
 FROM {runs} p WHERE (p.scope, p.id) = (SELECT parent_scope, parent_id FROM {runs} WHERE scope = $1 AND id = $2)
 FOR KEY SHARE`),
 
-		cancelChildren: t.render(`WITH RECURSIVE tree(scope, id) AS (
-	SELECT scope, id FROM {runs}
+		cancelChildren: t.render(`WITH RECURSIVE tree(scope, id, state) AS (
+	SELECT scope, id, state FROM {runs}
 	WHERE parent_scope = $1 AND parent_id = $2 AND parent_close = 'cancel' AND state NOT IN ` + finishedStates + `
 	UNION
-	SELECT r.scope, r.id FROM {runs} r JOIN tree ON r.parent_scope = tree.scope AND r.parent_id = tree.id
+	SELECT r.scope, r.id, r.state FROM {runs} r JOIN tree ON r.parent_scope = tree.scope AND r.parent_id = tree.id
 	WHERE r.parent_close = 'cancel' AND r.state NOT IN ` + finishedStates + `
 )
 UPDATE {runs} r SET state = 'cancelled', output = $3, lease_token = NULL, updated_at = now(), finished_at = now(),
 	expires_at = now() + $4::int8 @us
 FROM tree WHERE r.scope = tree.scope AND r.id = tree.id
-RETURNING r.scope, r.id, r.workflow`),
+RETURNING r.scope, r.id, r.workflow, tree.state = 'queued'`),
 
 		children: t.render(`SELECT scope, id, workflow, state, coalesce(parent_seq, 0), created_at FROM {runs}
 WHERE parent_scope = $1 AND parent_id = $2 ORDER BY parent_seq, created_at, id`),
@@ -78,6 +78,7 @@ func (st *Statements) RunParentLock(ctx context.Context, q Querier, scope, id st
 // RunKey names a run.
 type RunKey struct {
 	Scope, ID, Workflow string
+	WasQueued           bool // RunCancelChildren: it waited for a slot of its concurrency key
 }
 
 // RunCancelChildren cancels, with output kept for ttl, the unfinished children of the run
@@ -91,7 +92,7 @@ func (st *Statements) RunCancelChildren(ctx context.Context, q Querier, scope, i
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (RunKey, error) {
 		var k RunKey
-		err := r.Scan(&k.Scope, &k.ID, &k.Workflow)
+		err := r.Scan(&k.Scope, &k.ID, &k.Workflow, &k.WasQueued)
 		return k, err
 	})
 }

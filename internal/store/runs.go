@@ -56,11 +56,12 @@ const keyRunFrom = `FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND 
 
 // newRun is the head of the statements that insert a run.
 const newRun = `INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
-	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline)`
+	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, concurrency_key, concurrency_limit)`
 
 // claimReturning is what the statements that take a run's lease return; Claim reads it.
 const claimReturning = `RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
-	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8, parent_id IS NOT NULL`
+	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8, parent_id IS NOT NULL,
+	concurrency_key, coalesce(concurrency_limit, 0)`
 
 func newRunStatements(t Tables) runStatements {
 	return runStatements{
@@ -78,7 +79,7 @@ func newRunStatements(t Tables) runStatements {
 ), run AS (
 ` + newRun + `
 	SELECT $1, $2, $4, 'running', $3, $5, 1, $6, $7, now() + $8::int8 @us, $9, created_at, created_at,
-		created_at + $11::int8 @us FROM key
+		created_at + $11::int8 @us, $12, $13 FROM key
 	RETURNING created_at
 )
 SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM run),
@@ -110,8 +111,9 @@ SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 100000
 	RETURNING created_at
 )
 ` + newRun + `
-SELECT $1, $2, $4, 'running', $3, $5, $10, $6, $7,
-	CASE WHEN $11::bool THEN now() + $8::int8 @us ELSE now() END, $9, created_at, created_at, created_at + $12::int8 @us FROM key
+SELECT $1, $2, $4, CASE WHEN $16::bool THEN 'queued' ELSE 'running' END, $3, $5, $10, $6, $7,
+	CASE WHEN $16::bool THEN NULL WHEN $11::bool THEN now() + $8::int8 @us ELSE now() END, $9, created_at, created_at,
+	created_at + $12::int8 @us, $14, $15 FROM key
 RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		// The key's in-flight lock, taken without waiting as RunStart takes it: a start that
@@ -124,10 +126,11 @@ RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM 
 )
 INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
 	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, parent_scope, parent_id, parent_seq,
-	parent_close)
-SELECT $1, $2, $4, 'running', $3, $5, 0, NULL, NULL, now(), $6, created_at, created_at, created_at + $7::int8 @us,
-	$8, $9, $10, $11 FROM key
-RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
+	parent_close, concurrency_key, concurrency_limit)
+SELECT $1, $2, $4, CASE WHEN $15::bool THEN 'queued' ELSE 'running' END, $3, $5, 0, NULL, NULL,
+	CASE WHEN $15::bool THEN NULL ELSE now() END, $6, created_at, created_at, created_at + $7::int8 @us,
+	$8, $9, $10, $11, $13, $14 FROM key
+RETURNING coalesce((extract(epoch FROM lease_expires_at) * 1000000)::int8, 0)`),
 
 		takeover: t.render(`UPDATE {runs} SET lease_token = $3, lease_owner = $6, lease_expires_at = now() + $5::int8 @us,
 	attempts = attempts + 1, updated_at = now()
@@ -232,6 +235,20 @@ type RunStartParams struct {
 	Lease       time.Duration
 	Trace       string        // W3C traceparent of the span that starts the run; "" for none
 	Timeout     time.Duration // the run's deadline after its creation; 0 for none
+	Concurrency *Concurrency  // the run's concurrency key and limit; nil for none
+}
+
+// Concurrency is a run's concurrency key and the limit of active runs with it.
+type Concurrency struct {
+	Key   string
+	Limit int
+}
+
+func (c *Concurrency) args() (key, limit any) {
+	if c == nil {
+		return nil, nil
+	}
+	return c.Key, c.Limit
 }
 
 // RunStartRow is what RunStart found: whether it took the key's in-flight lock, whether it
@@ -250,8 +267,9 @@ type RunStartRow struct {
 // the first statement of a run's first transaction (sent with BEGIN), so that a duplicate, a
 // replay or a mismatch is answered before any workflow code runs. Read its row with ScanRunStart.
 func (st *Statements) RunStart(p RunStartParams) Stmt {
+	ck, cl := p.Concurrency.args()
 	return Stmt{SQL: st.runs.start, Args: []any{p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, p.Token, p.Owner, micros(p.Lease),
-		nullText(p.Trace), LockID(st.schema, p.Scope, p.ID), nullMicros(p.Timeout)}}
+		nullText(p.Trace), LockID(st.schema, p.Scope, p.ID), nullMicros(p.Timeout), ck, cl}}
 }
 
 // ScanRunStart reads RunStart's row.
@@ -278,10 +296,11 @@ func (st *Statements) RunLookup(ctx context.Context, q Querier, scope, id string
 
 // RunReplaceParams give a key that finished and expired to a new run: as RunStartParams, and
 // whether the new run is leased by the caller (Workflow.Run) or left ownerless for a resume job
-// (StartTx, Token zero).
+// (StartTx, Token zero), or queued for a slot of its concurrency key (StartTx).
 type RunReplaceParams struct {
 	RunStartParams
 	Leased bool
+	Queued bool
 }
 
 // RunReplaced is the new run under a replaced key: its creation and lease expiry, µs.
@@ -300,8 +319,13 @@ func (st *Statements) RunReplace(ctx context.Context, q Querier, p RunReplacePar
 	if p.Leased {
 		attempts, token, owner = 1, p.Token, p.Owner
 	}
+	ck, cl := p.Concurrency.args()
+	var expires *int64
 	err = q.QueryRow(ctx, st.runs.replace, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, token, owner, micros(p.Lease),
-		nullText(p.Trace), attempts, p.Leased, nullMicros(p.Timeout), LockID(st.schema, p.Scope, p.ID)).Scan(&r.Created, &r.LeaseExpires)
+		nullText(p.Trace), attempts, p.Leased, nullMicros(p.Timeout), LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued).Scan(&r.Created, &expires)
+	if expires != nil {
+		r.LeaseExpires = *expires
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -317,7 +341,9 @@ type RunEnqueueParams struct {
 	Input       []byte
 	Trace       string
 	Timeout     time.Duration
-	Parent      *ParentRef // the run whose step starts this one; nil for none
+	Parent      *ParentRef   // the run whose step starts this one; nil for none
+	Concurrency *Concurrency // the run's concurrency key and limit; nil for none
+	Queued      bool         // the run waits for a slot of its key (see RunAdmit); no resume job yet
 }
 
 // ParentRef is the run that started a child run, at which step, and what its cancel does to the
@@ -344,8 +370,9 @@ func (st *Statements) RunEnqueue(ctx context.Context, q Querier, p RunEnqueuePar
 	if p.Parent != nil {
 		pScope, pID, pSeq, pClose = p.Parent.Scope, p.Parent.ID, p.Parent.Seq, p.Parent.Close
 	}
+	ck, cl := p.Concurrency.args()
 	err = q.QueryRow(ctx, st.runs.enqueue, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, nullText(p.Trace),
-		nullMicros(p.Timeout), pScope, pID, pSeq, pClose, LockID(st.schema, p.Scope, p.ID)).Scan(&generation)
+		nullMicros(p.Timeout), pScope, pID, pSeq, pClose, LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued).Scan(&generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -361,11 +388,19 @@ type Claim struct {
 	Now       int64  // Postgres's clock, µs
 	Deadline  *int64 // µs; nil for none
 	HasParent bool   // a child run: its end wakes its parent
+	// Concurrency is the run's concurrency key and limit: its end starts a queued run of its
+	// key. nil for none.
+	Concurrency *Concurrency
 }
 
 func scanClaim(row pgx.Row) (Claim, bool, error) {
 	var c Claim
-	err := row.Scan(&c.Attempts, &c.Input, &c.Created, &c.Trace, &c.Now, &c.Deadline, &c.HasParent)
+	var key *string
+	var limit int
+	err := row.Scan(&c.Attempts, &c.Input, &c.Created, &c.Trace, &c.Now, &c.Deadline, &c.HasParent, &key, &limit)
+	if key != nil {
+		c.Concurrency = &Concurrency{Key: *key, Limit: limit}
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Claim{}, false, nil
 	}

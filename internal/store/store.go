@@ -72,12 +72,13 @@ type Statements struct {
 	KeyAdmin KeyAdminStatements
 	Reap     ReapStatements
 
-	schema   string
-	runs     runStatements
-	steps    stepStatements
-	admin    adminStatements
-	waits    waitStatements
-	children childStatements
+	schema      string
+	runs        runStatements
+	steps       stepStatements
+	admin       adminStatements
+	waits       waitStatements
+	children    childStatements
+	concurrency concurrencyStatements
 }
 
 var cache sync.Map // schema -> *Statements
@@ -90,7 +91,7 @@ func For(schema string) *Statements {
 	t := TablesIn(schema)
 	s := &Statements{Tables: t, Keys: keyStatements(t), KeyAdmin: keyAdminStatements(t), Reap: reapStatements(t), schema: schema, runs: newRunStatements(t),
 		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t),
-		children: newChildStatements(t)}
+		children: newChildStatements(t), concurrency: newConcurrencyStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }
