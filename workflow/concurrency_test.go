@@ -158,6 +158,8 @@ func TestConcurrencyKey(t *testing.T) {
 		_, err := long.Run(b.ctx, e, idem.Key{Scope: "s", ID: "k"}, strings.Repeat("k", 201), nil)
 		require.ErrorContains(t, err, "cannot be longer than 200")
 		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_runs`))
-		require.Panics(t, func() { workflow.Define("zero", func(context.Context, int) (int, error) { return 0, nil }).WithConcurrency(0, nil) })
+		require.Panics(t, func() {
+			workflow.Define("zero", func(context.Context, int) (int, error) { return 0, nil }).WithConcurrency(0, nil)
+		})
 	})
 }
