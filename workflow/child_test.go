@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -346,6 +351,103 @@ func TestChildrenSurviveTheParentsCrash(t *testing.T) {
 	}
 	require.Equal(t, "done", b.waitFinished(t, key))
 	out, err := survivor.Run(b.ctx, e, key, in, nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"p done", "q done"}, out)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_runs WHERE parent_id IS NOT NULL`), "no child was started twice")
+	require.Equal(t, 1, f.childRuns(t, "p"))
+	require.Equal(t, 1, f.childRuns(t, "q"))
+}
+
+// childrenPoint makes the crash helper a process that runs a parent which starts two children,
+// and is killed with SIGKILL in the step after their starts.
+const childrenPoint = "children"
+
+var childrenKey = idem.Key{Scope: "merchant:7", ID: "killed-parent"}
+
+// newKilledParent is the parent of TestChildrenSurviveSIGKILL: it starts two children that await
+// a signal, calls (where the helper process dies), then waits for both.
+func newKilledParent(f *family, inHelper bool) *workflow.Workflow[parentIn, []string] {
+	return workflow.Define("parent", func(ctx context.Context, in parentIn) ([]string, error) {
+		var runs []*workflow.ChildRun[string]
+		for _, c := range in.Children {
+			run, err := steps.StartChild(ctx, "start "+c.Name, f.child, c, nil)
+			if err != nil {
+				return nil, err
+			}
+			runs = append(runs, run)
+		}
+		if _, err := steps.Call(ctx, "between", func(context.Context, string) (int, error) {
+			if inHelper {
+				fmt.Println(crashMarker)
+				select {} // wait here for SIGKILL
+			}
+			return 0, nil
+		}, nil); err != nil {
+			return nil, err
+		}
+		var outs []string
+		for i, r := range runs {
+			out, err := r.Wait(ctx, fmt.Sprintf("wait %d", i))
+			if err != nil {
+				return nil, err
+			}
+			outs = append(outs, out)
+		}
+		return outs, nil
+	})
+}
+
+var killedParentIn = parentIn{Children: []childIn{{Name: "p", Await: true}, {Name: "q", Await: true}}}
+
+func runChildrenHelper() int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv(helperDBEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	f := &family{}
+	f.child = workflow.Define("child", func(ctx context.Context, in childIn) (string, error) { return "", errors.New("not here") })
+	wf := newKilledParent(f, true)
+	e, err := workflow.NewEngine(pool, fastConfig(wf, f.child))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	// A client that inserts the children's jobs; this process works none of them.
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quietLogger()})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	e.SetClient(client)
+	_, err = wf.Run(ctx, e, childrenKey, killedParentIn, nil)
+	fmt.Fprintf(os.Stderr, "the parent ended without reaching its crash point: %v\n", err)
+	return 3
+}
+
+// TestChildrenSurviveSIGKILL kills the process that runs a parent, with SIGKILL, after the parent
+// started its children: the parent is resumed elsewhere, replays the starts (starting nothing),
+// and collects its children's outcomes.
+func TestChildrenSurviveSIGKILL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := newFamily(b)
+	killChildAt(t, b, childrenPoint)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_runs WHERE parent_id IS NOT NULL`), "both children were started before the kill")
+
+	wf := newKilledParent(f, false)
+	e := b.engine(t, fastConfig(wf, f.child))
+	b.startRiver(t, e)
+	eventually(t, 20*time.Second, "the parent to be resumed and wait for its children", func() bool {
+		s, _ := b.state(t, childrenKey)
+		return s == "awaiting"
+	})
+	for _, name := range []string{"start p", "start q"} {
+		f.signal(t, e, childKey(t, e, childrenKey, name))
+	}
+	require.Equal(t, "done", b.waitFinished(t, childrenKey))
+	out, err := wf.Run(b.ctx, e, childrenKey, killedParentIn, nil)
 	require.NoError(t, err)
 	require.Equal(t, []string{"p done", "q done"}, out)
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_runs WHERE parent_id IS NOT NULL`), "no child was started twice")

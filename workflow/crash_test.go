@@ -38,6 +38,8 @@ func runHelper() int {
 		return runSleepHelper()
 	case leaderPoint:
 		return runLeaderHelper()
+	case childrenPoint:
+		return runChildrenHelper()
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(helperDBEnv))
