@@ -325,7 +325,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			// A start of an earlier pass did commit, without this call hearing of it: the run is
 			// this call's, and goes on from its history.
 			rs := e.newRun(def, key.Scope, key.ID, token)
-			rs.created, rs.attempt = kr.Created, kr.Attempts
+			rs.created, rs.attempt, rs.conc = kr.Created, kr.Attempts, conc
 			rs.markCommitted()
 			rs.setClock(kr.Now, kr.Deadline)
 			if rs.history, err = e.history(ctx, key.Scope, key.ID); err != nil {
