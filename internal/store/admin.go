@@ -52,7 +52,7 @@ const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.l
 	CASE WHEN r.state IN ('sleeping', 'awaiting') THEN r.wake_at END,
 	CASE WHEN r.state = 'awaiting' THEN coalesce(r.wait_name, '') ELSE '' END, r.deadline,
 	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4,
-	r.parent_scope, r.parent_id, r.parent_seq`
+	r.parent_scope, r.parent_id, r.parent_seq, r.attributes`
 
 func newAdminStatements(t Tables) adminStatements {
 	return adminStatements{
@@ -137,13 +137,14 @@ type RunRecord struct {
 	ParentScope         *string // set for a child run
 	ParentID            *string
 	ParentSeq           *int
+	Attributes          map[string]string
 }
 
 func scanRunRecord(r pgx.Row) (*RunRecord, error) {
 	run := &RunRecord{}
 	err := r.Scan(&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner, &run.LeaseExpires,
 		&run.LastError, &run.Input, &run.Output, &run.Created, &run.Updated, &run.Finished, &run.Expires, &run.WakeAt,
-		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals, &run.ParentScope, &run.ParentID, &run.ParentSeq)
+		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals, &run.ParentScope, &run.ParentID, &run.ParentSeq, &run.Attributes)
 	if err != nil {
 		return nil, err
 	}
@@ -279,14 +280,15 @@ func (st *Statements) RunCancelHeard(ctx context.Context, q Querier, scope, id, 
 
 // RunFilter selects runs for RunList. Zero fields select everything (a zero Limit: every run).
 type RunFilter struct {
-	States    []string
-	Workflows []string
-	Scope     string
-	Since     *time.Time // created at or after
-	Until     *time.Time // created before
-	Parent    *RunKey    // children of this run (Workflow unused)
-	After     *RunCursor
-	Limit     int
+	States     []string
+	Workflows  []string
+	Scope      string
+	Since      *time.Time        // created at or after
+	Until      *time.Time        // created before
+	Parent     *RunKey           // children of this run (Workflow unused)
+	Attributes map[string]string // having each of these attributes (key and value)
+	After      *RunCursor
+	Limit      int
 }
 
 // RunCursor is the position after which a page of RunList starts: the last run of the page
@@ -299,7 +301,8 @@ type RunCursor struct {
 
 // RunList lists runs, newest first. Only the filters that are set are in the statement's text,
 // so that the planner sees plain predicates that idem_runs' indexes serve: idem_runs_created for
-// the order and the cursor, idem_runs_state and idem_runs_workflow when filtering by them.
+// the order and the cursor, idem_runs_state and idem_runs_workflow when filtering by them, and
+// idem_runs_attributes for attributes.
 func (st *Statements) RunList(ctx context.Context, q Querier, f RunFilter) ([]*RunRecord, error) {
 	sql, args := st.listRuns(f)
 	rows, err := q.Query(ctx, sql, args...)
@@ -335,6 +338,10 @@ func (st *Statements) listRuns(f RunFilter) (string, []any) {
 	}
 	if f.Parent != nil {
 		where = append(where, "r.parent_scope = "+arg(f.Parent.Scope)+" AND r.parent_id = "+arg(f.Parent.ID))
+	}
+	if len(f.Attributes) > 0 {
+		// Containment, which idem_runs_attributes (GIN, partial on NOT NULL) serves.
+		where = append(where, "r.attributes @> "+arg(attributesArg(f.Attributes))+"::jsonb")
 	}
 	if c := f.After; c != nil {
 		where = append(where, "(r.created_at, r.scope, r.id) < ('epoch'::timestamptz + "+arg(c.Created)+"::int8 * interval '1 microsecond', "+

@@ -39,7 +39,7 @@ func (s RunState) Waiting() bool { return s == RunSleeping || s == RunAwaiting }
 // runStatements are the texts of the statements on idem_runs; see the function of each.
 type runStatements struct {
 	start, lookup, replace, enqueue, takeover, renew, finish, stuck, scan, nextExpiry, inspect,
-	countByState, reconcileEnd, reconcileResume string
+	countByState, reconcileEnd, reconcileResume, setAttributes string
 }
 
 // keyRunColumns read a key and its run, joined from a one-row relation so that a statement
@@ -56,7 +56,7 @@ const keyRunFrom = `FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND 
 
 // newRun is the head of the statements that insert a run.
 const newRun = `INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
-	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, concurrency_key, concurrency_limit)`
+	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, concurrency_key, concurrency_limit, attributes)`
 
 // claimReturning is what the statements that take a run's lease return; Claim reads it.
 const claimReturning = `RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
@@ -79,7 +79,7 @@ func newRunStatements(t Tables) runStatements {
 ), run AS (
 ` + newRun + `
 	SELECT $1, $2, $4, 'running', $3, $5, 1, $6, $7, now() + $8::int8 @us, $9, created_at, created_at,
-		created_at + $11::int8 @us, $12, $13 FROM key
+		created_at + $11::int8 @us, $12, $13, $14::jsonb FROM key
 	RETURNING created_at
 )
 SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM run),
@@ -113,7 +113,7 @@ SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 100000
 ` + newRun + `
 SELECT $1, $2, $4, CASE WHEN $16::bool THEN 'queued' ELSE 'running' END, $3, $5, $10, $6, $7,
 	CASE WHEN $16::bool THEN NULL WHEN $11::bool THEN now() + $8::int8 @us ELSE now() END, $9, created_at, created_at,
-	created_at + $12::int8 @us, $14, $15 FROM key
+	created_at + $12::int8 @us, $14, $15, $17::jsonb FROM key
 RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		// The key's in-flight lock, taken without waiting as RunStart takes it: a start that
@@ -126,10 +126,10 @@ RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM 
 )
 INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
 	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, parent_scope, parent_id, parent_seq,
-	parent_close, concurrency_key, concurrency_limit)
+	parent_close, concurrency_key, concurrency_limit, attributes)
 SELECT $1, $2, $4, CASE WHEN $15::bool THEN 'queued' ELSE 'running' END, $3, $5, 0, NULL, NULL,
 	CASE WHEN $15::bool THEN NULL ELSE now() END, $6, created_at, created_at, created_at + $7::int8 @us,
-	$8, $9, $10, $11, $13, $14 FROM key
+	$8, $9, $10, $11, $13, $14, $16::jsonb FROM key
 RETURNING coalesce((extract(epoch FROM lease_expires_at) * 1000000)::int8, 0)`),
 
 		takeover: t.render(`UPDATE {runs} SET lease_token = $3, lease_owner = $6, lease_expires_at = now() + $5::int8 @us,
@@ -174,6 +174,21 @@ FROM {runs} r WHERE r.scope = $1 AND r.id = $2`),
 		reconcileEnd: t.render(`UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
 	lease_expires_at = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
 WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now() AND lease_token IS NOT DISTINCT FROM $3`),
+
+		// The run's row is read under the lease's fence (the row lock a step's checkpoint takes
+		// too), and updated only when the result stays within the limit; either way one row
+		// comes back, unless the fence failed.
+		setAttributes: t.render(`WITH run AS (
+	SELECT scope, id, (coalesce(attributes, '{}') || coalesce($4::jsonb, '{}')) - $5::text[] AS merged
+	FROM {runs} WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running' FOR NO KEY UPDATE
+), counted AS (
+	SELECT scope, id, merged, (SELECT count(*) FROM jsonb_object_keys(merged))::int4 AS n FROM run
+), updated AS (
+	UPDATE {runs} r SET attributes = CASE WHEN c.merged = '{}' THEN NULL ELSE c.merged END
+	FROM counted c WHERE r.scope = c.scope AND r.id = c.id AND c.n <= $6
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM updated), n FROM counted`),
 
 		reconcileResume: t.render(`UPDATE {runs} SET lease_token = NULL, lease_owner = NULL,
 	lease_expires_at = now() + $4::int8 @us, attempts = 0, updated_at = now()
@@ -233,9 +248,10 @@ type RunStartParams struct {
 	Token       pgtype.UUID
 	Owner       string
 	Lease       time.Duration
-	Trace       string        // W3C traceparent of the span that starts the run; "" for none
-	Timeout     time.Duration // the run's deadline after its creation; 0 for none
-	Concurrency *Concurrency  // the run's concurrency key and limit; nil for none
+	Trace       string            // W3C traceparent of the span that starts the run; "" for none
+	Timeout     time.Duration     // the run's deadline after its creation; 0 for none
+	Concurrency *Concurrency      // the run's concurrency key and limit; nil for none
+	Attributes  map[string]string // the run's attributes; none when empty
 }
 
 // Concurrency is a run's concurrency key and the limit of active runs with it.
@@ -269,7 +285,7 @@ type RunStartRow struct {
 func (st *Statements) RunStart(p RunStartParams) Stmt {
 	ck, cl := p.Concurrency.args()
 	return Stmt{SQL: st.runs.start, Args: []any{p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, p.Token, p.Owner, micros(p.Lease),
-		nullText(p.Trace), LockID(st.schema, p.Scope, p.ID), nullMicros(p.Timeout), ck, cl}}
+		nullText(p.Trace), LockID(st.schema, p.Scope, p.ID), nullMicros(p.Timeout), ck, cl, attributesArg(p.Attributes)}}
 }
 
 // ScanRunStart reads RunStart's row.
@@ -322,7 +338,8 @@ func (st *Statements) RunReplace(ctx context.Context, q Querier, p RunReplacePar
 	ck, cl := p.Concurrency.args()
 	var expires *int64
 	err = q.QueryRow(ctx, st.runs.replace, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, token, owner, micros(p.Lease),
-		nullText(p.Trace), attempts, p.Leased, nullMicros(p.Timeout), LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued).Scan(&r.Created, &expires)
+		nullText(p.Trace), attempts, p.Leased, nullMicros(p.Timeout), LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued,
+		attributesArg(p.Attributes)).Scan(&r.Created, &expires)
 	if expires != nil {
 		r.LeaseExpires = *expires
 	}
@@ -341,9 +358,10 @@ type RunEnqueueParams struct {
 	Input       []byte
 	Trace       string
 	Timeout     time.Duration
-	Parent      *ParentRef   // the run whose step starts this one; nil for none
-	Concurrency *Concurrency // the run's concurrency key and limit; nil for none
-	Queued      bool         // the run waits for a slot of its key (see RunAdmit); no resume job yet
+	Parent      *ParentRef        // the run whose step starts this one; nil for none
+	Concurrency *Concurrency      // the run's concurrency key and limit; nil for none
+	Queued      bool              // the run waits for a slot of its key (see RunAdmit); no resume job yet
+	Attributes  map[string]string // the run's attributes; none when empty
 }
 
 // ParentRef is the run that started a child run, at which step, and what its cancel does to the
@@ -372,7 +390,8 @@ func (st *Statements) RunEnqueue(ctx context.Context, q Querier, p RunEnqueuePar
 	}
 	ck, cl := p.Concurrency.args()
 	err = q.QueryRow(ctx, st.runs.enqueue, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, nullText(p.Trace),
-		nullMicros(p.Timeout), pScope, pID, pSeq, pClose, LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued).Scan(&generation)
+		nullMicros(p.Timeout), pScope, pID, pSeq, pClose, LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued,
+		attributesArg(p.Attributes)).Scan(&generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}

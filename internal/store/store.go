@@ -10,7 +10,7 @@
 //
 // Statement texts are built once per Postgres schema and kept, so that the text of a statement is
 // identical on every call and pgx prepares it once per connection. Tables are named in the source
-// as {keys}, {runs}, {steps}, {attempts}, {signals}, {events} and {migrations}, placeholders that
+// as {keys}, {runs}, {steps}, {attempts}, {signals}, {events}, {schedules} and {migrations}, placeholders that
 // cannot occur in an identifier; For replaces them with the names qualified by the schema, so an
 // identifier that merely contains a table's name (an index, a constraint) is never touched.
 //
@@ -38,7 +38,7 @@ import (
 
 // Tables are the qualified names of idem's tables in one schema.
 type Tables struct {
-	Keys, Runs, Steps, Attempts, Migrations, Signals, Events string
+	Keys, Runs, Steps, Attempts, Migrations, Signals, Events, Schedules string
 }
 
 // TablesIn returns the names of idem's tables in schema; "" leaves them unqualified, so that
@@ -51,14 +51,14 @@ func TablesIn(schema string) Tables {
 		return pgx.Identifier{schema, table}.Sanitize()
 	}
 	return Tables{Keys: name("idem_keys"), Runs: name("idem_runs"), Steps: name("idem_steps"), Attempts: name("idem_step_attempts"),
-		Migrations: name("idem_migrations"), Signals: name("idem_signals"), Events: name("idem_events")}
+		Migrations: name("idem_migrations"), Signals: name("idem_signals"), Events: name("idem_events"), Schedules: name("idem_schedules")}
 }
 
 // render names t's tables in sql, and spells durations given in microseconds as intervals.
 func (t Tables) render(sql string) string {
 	return strings.NewReplacer(
 		"{keys}", t.Keys, "{runs}", t.Runs, "{steps}", t.Steps, "{attempts}", t.Attempts, "{migrations}", t.Migrations,
-		"{signals}", t.Signals, "{events}", t.Events,
+		"{signals}", t.Signals, "{events}", t.Events, "{schedules}", t.Schedules,
 		"@us", "* interval '1 microsecond'",
 	).Replace(sql)
 }
@@ -79,6 +79,7 @@ type Statements struct {
 	waits       waitStatements
 	children    childStatements
 	concurrency concurrencyStatements
+	sched       scheduleStatements
 }
 
 var cache sync.Map // schema -> *Statements
@@ -91,7 +92,7 @@ func For(schema string) *Statements {
 	t := TablesIn(schema)
 	s := &Statements{Tables: t, Keys: keyStatements(t), KeyAdmin: keyAdminStatements(t), Reap: reapStatements(t), schema: schema, runs: newRunStatements(t),
 		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t),
-		children: newChildStatements(t), concurrency: newConcurrencyStatements(t)}
+		children: newChildStatements(t), concurrency: newConcurrencyStatements(t), sched: newScheduleStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }
