@@ -152,6 +152,9 @@ type Engine struct {
 	// heartbeatOff stops lease renewals, to let tests play a paused process.
 	heartbeatOff atomic.Bool
 
+	// schedClock, when set, is the time schedules go by instead of Postgres's: a test's clock.
+	schedClock atomic.Pointer[func() time.Time]
+
 	workers atomic.Bool // AddWorkers was called: this process works the engine's jobs
 	bg      background  // the recovery scan and the gauge, until Close
 }

@@ -75,6 +75,9 @@ type RunRow struct {
 	// PendingSignals counts the signals in the run's mailbox that no await has consumed yet.
 	PendingSignals int `json:"pending_signals,omitempty"`
 
+	// Attributes are the run's attributes (RunOpts.Attributes, SetAttributesTx); nil for none.
+	Attributes map[string]string `json:"attributes,omitempty"`
+
 	// LastError is why the last attempt stopped without an outcome (a panic, code that no longer
 	// matches the history), when known.
 	LastError string `json:"last_error,omitempty"`
@@ -182,7 +185,7 @@ func runRow(r *store.RunRecord) *RunRow {
 	run := &RunRow{Scope: r.Scope, ID: r.ID, Workflow: r.Workflow, State: RunState(r.State), Attempts: r.Attempts, LeaseOwner: r.LeaseOwner,
 		LeaseExpires: r.LeaseExpires, WakeAt: r.WakeAt, AwaitingSignal: r.AwaitingSignal, Deadline: r.Deadline,
 		PendingSignals: r.PendingSignals, LastError: r.LastError, Input: rawJSON(r.Input), Output: rawJSON(r.Output),
-		Created: r.Created, Updated: r.Updated, Finished: r.Finished, Expires: r.Expires}
+		Created: r.Created, Updated: r.Updated, Finished: r.Finished, Expires: r.Expires, Attributes: r.Attributes}
 	if run.State.Finished() && run.State != RunStateDone {
 		var f storedFailure
 		if json.Unmarshal(r.Output, &f) == nil {
@@ -309,6 +312,10 @@ type RunListParams struct {
 	// Since and Until bound when the run was created: at or after Since, before Until.
 	Since, Until time.Time
 
+	// Attributes select runs that have each of these attributes, key and value (through the
+	// index on them, idem_runs_attributes).
+	Attributes map[string]string
+
 	// Limit is the page size: default 100, at most 1000.
 	Limit int
 
@@ -348,7 +355,10 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 	if params == nil {
 		params = &RunListParams{}
 	}
-	f := store.RunFilter{Scope: params.Scope, Workflows: params.Workflows, Limit: params.Limit}
+	f := store.RunFilter{Scope: params.Scope, Workflows: params.Workflows, Limit: params.Limit, Attributes: params.Attributes}
+	if err := validateAttributes("RunListParams.Attributes", params.Attributes, false); err != nil {
+		return nil, err
+	}
 	switch {
 	case params.Limit < 0:
 		return nil, fmt.Errorf("workflow: RunListParams.Limit cannot be negative (got %d)", params.Limit)

@@ -33,6 +33,7 @@ type background struct {
 	closed   bool
 	gauge    metric.Registration
 	scanning bool
+	wake     chan struct{} // wakes the loop before its sleep runs out (see poke)
 }
 
 // minScanWait bounds how often one engine scans, however soon the next lease runs out.
@@ -46,11 +47,11 @@ func (e *Engine) startScanning() {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e.bg.scanning, e.bg.cancel, e.bg.done = true, cancel, make(chan struct{})
-	go e.scanLoop(ctx, e.bg.done)
+	e.bg.scanning, e.bg.cancel, e.bg.done, e.bg.wake = true, cancel, make(chan struct{}), make(chan struct{}, 1)
+	go e.scanLoop(ctx, e.bg.done, e.bg.wake)
 }
 
-func (e *Engine) scanLoop(ctx context.Context, done chan struct{}) {
+func (e *Engine) scanLoop(ctx context.Context, done, wake chan struct{}) {
 	defer close(done)
 	failures := 0
 	for {
@@ -74,25 +75,36 @@ func (e *Engine) scanLoop(ctx context.Context, done chan struct{}) {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-wake:
+			t.Stop()
 		case <-t.C:
 		}
 	}
 }
 
-// scanOnce hands expired runs and overdue waits to jobs, and says how long to sleep: until the
-// next live lease runs out, at most ScanInterval.
+// scanOnce hands expired runs and overdue waits to jobs, starts the runs of due schedule ticks,
+// and says how long to sleep: until the next live lease runs out or the next tick is due, at
+// most ScanInterval.
 func (e *Engine) scanOnce(ctx context.Context) (time.Duration, error) {
-	if err := errors.Join(e.scan(ctx), e.scanOverdue(ctx)); err != nil {
+	if err := errors.Join(e.scan(ctx), e.scanOverdue(ctx), e.fireSchedules(ctx)); err != nil {
 		return 0, err
 	}
 	next, ok, err := e.st.RunNextExpiry(ctx, e.db)
 	if err != nil {
 		return 0, err
 	}
-	if !ok || next > e.cfg.ScanInterval {
-		return e.cfg.ScanInterval, nil
+	wait := e.cfg.ScanInterval
+	if ok {
+		wait = min(wait, next)
 	}
-	return max(next, minScanWait), nil
+	tick, ok, err := e.st.ScheduleNextDue(ctx, e.db, e.clockNow())
+	if err != nil {
+		return 0, err
+	}
+	if ok {
+		wait = min(wait, tick)
+	}
+	return max(wait, minScanWait), nil
 }
 
 // Close stops what the engine runs in the background (its recovery scan, its gauge of runs by

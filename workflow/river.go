@@ -31,9 +31,9 @@ type ResumeArgs struct {
 
 	// Reason says why the job was inserted, for operators and the log: "start" (StartTx),
 	// "operator" (RunResume), "fork" (RunFork), "child" (Workflow.StartChild), "admitted" (a
-	// queued run whose concurrency key had a slot free); "" when the
-	// recovery scan found the run's lease expired. It is not part of the job's uniqueness: the
-	// scan, which finds an ownerless run's lease expired too, adds no second job for it.
+	// queued run whose concurrency key had a slot free), "schedule" (a schedule's tick); "" when
+	// the recovery scan found the run's lease expired. It is not part of the job's uniqueness:
+	// the scan, which finds an ownerless run's lease expired too, adds no second job for it.
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -44,6 +44,7 @@ const (
 	resumeForked     = "fork"
 	resumeChild      = "child"
 	resumeAdmitted   = "admitted"
+	resumeScheduled  = "schedule"
 )
 
 // Kind implements river.JobArgs.
@@ -124,7 +125,7 @@ type scanWorker struct {
 }
 
 func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error {
-	return errors.Join(w.e.scan(ctx), w.e.scanOverdue(ctx))
+	return errors.Join(w.e.scan(ctx), w.e.scanOverdue(ctx), w.e.fireSchedules(ctx))
 }
 
 // scan inserts a resume job for each run whose lease expired, in the transaction that holds
@@ -218,8 +219,8 @@ func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *sto
 		return "taken", nil // another process was faster
 	}
 	switch reason {
-	case resumeStarted, resumeForked, resumeChild, resumeAdmitted:
-		// Not a recovery: a run started in a transaction (StartTx), or forked, begins here.
+	case resumeStarted, resumeForked, resumeChild, resumeAdmitted, resumeScheduled:
+		// Not a recovery: a run started in a transaction (StartTx, a schedule), or forked, begins here.
 		e.log.InfoContext(ctx, "workflow: starting run", "workflow", row.Workflow, "scope", scope, "id", id, "by", reason,
 			"replayed_steps", row.RecoveryPoint != "")
 	default:

@@ -214,10 +214,10 @@ func (e *Engine) heldByDo(ctx context.Context, name string, key idem.Key) error 
 
 // runOrJoin is Workflow.Run without the types: start, replay, take over or report in flight,
 // and with wait > 0, poll an in-flight run until it finishes or wait runs out.
-func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, wait, timeout time.Duration) ([]byte, bool, error) {
+func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, wait, timeout time.Duration, attrs map[string]string) ([]byte, bool, error) {
 	poll := backoff.NewPoll(wait, 10*time.Millisecond, 250*time.Millisecond)
 	for {
-		out, replayed, err := e.tryRun(ctx, def, key, fingerprint, input, timeout)
+		out, replayed, err := e.tryRun(ctx, def, key, fingerprint, input, timeout, attrs)
 		if wait <= 0 || !errors.Is(err, idem.ErrInFlight) {
 			return out, replayed, err
 		}
@@ -236,7 +236,7 @@ func (e *Engine) runOrJoin(ctx context.Context, def Definition, key idem.Key, fi
 // started the run (or took over one whose owner died) runs workflow code. A replay, a duplicate
 // in flight and a mismatch are answered from that read, before any code runs. It returns the
 // output (replayed false when this call produced it), or the stored failure, or why not.
-func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, timeout time.Duration) (out []byte, replayed bool, err error) {
+func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, fingerprint, input []byte, timeout time.Duration, attrs map[string]string) (out []byte, replayed bool, err error) {
 	name := def.Name()
 	conc, err := def.concurrency(input)
 	if err != nil {
@@ -244,7 +244,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 	}
 	token := newToken() // one per call, so that a pass can recognise a start of an earlier pass that landed
 	start := store.RunStartParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: name, Input: input, Token: token,
-		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout, Concurrency: conc}
+		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout, Concurrency: conc, Attributes: attrs}
 	var lost time.Time // when a start of this call's was lost with its COMMIT (see below)
 	inFlight := func(after time.Duration) error {
 		return &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, after)}

@@ -8,10 +8,19 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
 )
+
+// StartOpts are options for [Workflow.StartTx]. nil means the defaults.
+//
+//	err := Payout.StartTx(ctx, engine, t, key, req, &workflow.StartOpts{Attributes: map[string]string{"customer": "c-42"}})
+type StartOpts struct {
+	// Attributes are stored with the run, as RunOpts.Attributes are, when this call starts it.
+	Attributes map[string]string
+}
 
 // StartTx starts the run for key in the background, as part of t: the run and the River job
 // that will execute it are inserted in t, so they exist if and only if t commits (the
@@ -21,7 +30,8 @@ import (
 //
 // Starting a key that was already started (and not expired) with the same input does nothing
 // and returns nil; with another input, or by another workflow or idem.Do, it returns
-// idem.ErrMismatch. It needs the engine's River client (see [Engine.SetClient]).
+// idem.ErrMismatch. It needs the engine's River client (see [Engine.SetClient]). opts is
+// optional: at most one, nil for the defaults.
 //
 //	err := tx.Run(ctx, pool, func(ctx context.Context, t pgx.Tx) error {
 //		if _, err := t.Exec(ctx, `INSERT INTO payouts (id, status) VALUES ($1, 'pending')`, id); err != nil {
@@ -29,7 +39,7 @@ import (
 //		}
 //		return Payout.StartTx(ctx, engine, t, idem.Key{Scope: merchantID, ID: id}, req)
 //	})
-func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, key idem.Key, in In) error {
+func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, key idem.Key, in In, opts ...*StartOpts) error {
 	if e == nil || t == nil {
 		return errors.New("workflow: StartTx needs an engine and a transaction")
 	}
@@ -38,6 +48,16 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	}
 	if d, ok := e.workflows[w.name]; !ok || d != Definition(w) {
 		return fmt.Errorf("workflow: %q is not registered with this engine; add it to Config.Workflows so that its runs can be resumed", w.name)
+	}
+	var o StartOpts
+	switch {
+	case len(opts) > 1:
+		return fmt.Errorf("workflow: StartTx takes at most one *StartOpts (got %d)", len(opts))
+	case len(opts) == 1 && opts[0] != nil:
+		o = *opts[0]
+	}
+	if err := validateAttributes("StartOpts.Attributes", o.Attributes, false); err != nil {
+		return err
 	}
 	client, err := e.riverClient(ctx)
 	if err != nil {
@@ -59,36 +79,47 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	if err != nil {
 		return err
 	}
-	p := store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: traceparent(ctx),
-		Concurrency: conc}
-	ok, err := e.enqueue(ctx, client, t, p, resumeStarted)
+	_, err = e.startOwnerless(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name,
+		Input: input, Trace: traceparent(ctx), Concurrency: conc, Attributes: o.Attributes}, resumeStarted)
+	return err
+}
+
+// startOwnerless is the ownerless start, StartTx's and a schedule's: the run, with no owner, and
+// the River job that runs it (or, for a limited workflow, queued and admitted when its key has a
+// free slot), in t. started is false when the key holds this run already (nothing is written); a
+// key of another workflow, of idem.Do or of other input is idem.ErrMismatch, one whose start is in
+// flight idem.ErrInFlight. An expired, finished key is a new key, as for Run.
+func (e *Engine) startOwnerless(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, p store.RunEnqueueParams, reason string) (started bool, err error) {
+	key := idem.Key{Scope: p.Scope, ID: p.ID}
+	ok, err := e.enqueue(ctx, client, t, p, reason)
 	if err != nil {
-		return fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
+		return false, fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
 	}
-	if !ok {
-		kr, err := e.st.RunLookup(ctx, t, key.Scope, key.ID)
-		switch {
-		case err != nil:
-			return fmt.Errorf("workflow: error looking up key: %w", err)
-		case !kr.Found:
-			// Another transaction holds the key's lock: a start (or a Do) that has not
-			// committed yet.
-			return &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
-		case !reusable(kr):
-			return claimed(kr, w.name, key, fingerprint) // nil: this run, started before
-		}
-		// An expired, finished key is a new key, as for Run: take it, ownerless.
-		r, ok, err := e.st.RunReplace(ctx, t, store.RunReplaceParams{RunStartParams: store.RunStartParams{Scope: key.Scope, ID: key.ID,
-			Fingerprint: fingerprint, Workflow: w.name, Input: input, Trace: p.Trace, Concurrency: conc}, Queued: conc != nil})
-		switch {
-		case err != nil:
-			return fmt.Errorf("workflow: error starting run: %w", err)
-		case !ok:
-			return fmt.Errorf("workflow: key %q in scope %q changed while the run was being started; try again", key.ID, key.Scope)
-		case conc != nil:
-			return e.admit(ctx, t, w.name, *conc, "", "")
-		}
-		return e.insertResume(ctx, client, t, key, r.LeaseExpires, resumeStarted)
+	if ok {
+		return true, nil
 	}
-	return nil
+	kr, err := e.st.RunLookup(ctx, t, key.Scope, key.ID)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("workflow: error looking up key: %w", err)
+	case !kr.Found:
+		// Another transaction holds the key's lock: a start (or a Do) that has not
+		// committed yet.
+		return false, &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: time.Second}
+	case !reusable(kr):
+		return false, claimed(kr, p.Workflow, key, p.Fingerprint) // nil: this run, started before
+	}
+	// An expired, finished key is a new key, as for Run: take it, ownerless.
+	r, ok, err := e.st.RunReplace(ctx, t, store.RunReplaceParams{RunStartParams: store.RunStartParams{Scope: key.Scope, ID: key.ID,
+		Fingerprint: p.Fingerprint, Workflow: p.Workflow, Input: p.Input, Trace: p.Trace, Timeout: p.Timeout, Concurrency: p.Concurrency,
+		Attributes: p.Attributes}, Queued: p.Concurrency != nil})
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("workflow: error starting run: %w", err)
+	case !ok:
+		return false, fmt.Errorf("workflow: key %q in scope %q changed while the run was being started; try again", key.ID, key.Scope)
+	case p.Concurrency != nil:
+		return true, e.admit(ctx, t, p.Workflow, *p.Concurrency, "", "")
+	}
+	return true, e.insertResume(ctx, client, t, key, r.LeaseExpires, reason)
 }

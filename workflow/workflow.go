@@ -178,6 +178,15 @@ type RunOpts struct {
 	//
 	//	_, err := Payout.Run(ctx, engine, key, req, &workflow.RunOpts{Timeout: 24 * time.Hour})
 	Timeout time.Duration
+
+	// Attributes are stored with a run that this call starts, for finding it later
+	// (RunListParams.Attributes, `idem runs list --attr k=v`); its steps may change them
+	// (SetAttributesTx). At most MaxAttributes, keys of 1 to MaxAttributeKeyLen bytes, values of 1
+	// to MaxAttributeValueLen, UTF-8 without control characters. They are not part of the
+	// input's fingerprint, and apply only when this call starts the run.
+	//
+	//	_, err := Payout.Run(ctx, engine, key, req, &workflow.RunOpts{Attributes: map[string]string{"customer": req.Customer}})
+	Attributes map[string]string
 }
 
 // Run starts the run for key with input in, or continues it, and returns its output.
@@ -232,6 +241,9 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if opts.Timeout < 0 {
 		return zero, fmt.Errorf("workflow: RunOpts.Timeout cannot be negative (got %s)", opts.Timeout)
 	}
+	if err := validateAttributes("RunOpts.Attributes", opts.Attributes, false); err != nil {
+		return zero, err
+	}
 	if err := e.heldByDo(ctx, w.name, key); err != nil {
 		return zero, err
 	}
@@ -245,7 +257,7 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	}
 	ctx, span := e.tel.Tracer.Start(ctx, "idem.workflow.run", trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(telemetry.Workflow.String(w.name), telemetry.Scope.String(key.Scope)))
-	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait, opts.Timeout)
+	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait, opts.Timeout, opts.Attributes)
 	if span.IsRecording() {
 		span.SetAttributes(telemetry.Replayed.Bool(replayed))
 	}
