@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"context"
+	"time"
 
 	"github.com/idemkit/idem"
 )
@@ -26,3 +27,10 @@ func StopOwnScan(e *Engine) {
 		<-done
 	}
 }
+
+// SetScheduleClock makes e's schedules go by now instead of Postgres's clock: the tests move
+// through ticks without waiting for them.
+func SetScheduleClock(e *Engine, now func() time.Time) { e.schedClock.Store(&now) }
+
+// FireSchedules runs one pass of e's scheduler, as its loop does.
+func FireSchedules(ctx context.Context, e *Engine) error { return e.fireSchedules(ctx) }

@@ -40,11 +40,15 @@ type CatchUpPolicy string
 //
 //   - CatchUpLatest, the default: the latest missed tick starts its run; the ones before it are
 //     skipped. What a job that brings something up to date wants (a sync, a report of "now").
+//
 //   - CatchUpAll: every missed tick starts its run, oldest first. What a job per period wants
 //     (a nightly settlement for each night). The overlap policy still applies: with OverlapSkip,
 //     ticks whose predecessor is unfinished are skipped, so use OverlapAllow to run them all.
+//
 //   - CatchUpSkip: missed ticks are skipped, and the schedule goes on from its next tick. A tick
 //     is missed when it is more than ScheduleGrace late.
+//
+// For example:
 //
 //	if row.CatchUp == workflow.CatchUpAll { ... }
 const (
