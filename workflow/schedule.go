@@ -121,7 +121,7 @@ type ScheduleOpts struct {
 	Paused bool
 }
 
-// timing is when a schedule ticks: next returns its first tick strictly after t, or the zero time
+// timing is when a schedule ticks: next returns its first tick strictly after t, in UTC, or the zero time
 // when it has none (a cron expression such as "0 0 30 2 *" never matches).
 type timing interface {
 	next(t time.Time) time.Time
@@ -132,7 +132,7 @@ type cronTiming struct {
 	loc   *time.Location
 }
 
-func (c cronTiming) next(t time.Time) time.Time { return c.sched.Next(t.In(c.loc)) }
+func (c cronTiming) next(t time.Time) time.Time { return c.sched.Next(t.In(c.loc)).UTC() }
 
 type everyTiming struct{ us int64 }
 
@@ -142,7 +142,7 @@ func (e everyTiming) next(t time.Time) time.Time {
 	if us < 0 && us%e.us != 0 {
 		n-- // floor, for times before the epoch
 	}
-	return time.UnixMicro((n + 1) * e.us)
+	return time.UnixMicro((n + 1) * e.us).UTC()
 }
 
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
