@@ -1,6 +1,6 @@
 // Command idem is the operator's command line for idem: it migrates the schema, reads and
-// forgets keys of idem.Do, lists, shows, cancels, resumes and forks workflow runs, and reaps what
-// has expired. It is a thin shell over the library's own functions (idem.KeyGet, Engine.RunList,
+// forgets keys of idem.Do, lists, shows, cancels, resumes and forks workflow runs, lists, pauses,
+// resumes, triggers, backfills and deletes schedules, and reaps what has expired. It is a thin shell over the library's own functions (idem.KeyGet, Engine.RunList,
 // Engine.RunCancel, ...), so it does exactly what a program calling them would.
 //
 //	idem migrate
@@ -8,15 +8,17 @@
 //	idem runs list --state failed --since 24h
 //	idem runs show merchant:7 payout-1
 //	idem runs resume merchant:7 payout-1
+//	idem runs list --attr customer=c-42
+//	idem schedules pause nightly-settlement --note "bank holiday"
 //
 // Every command takes --database-url (default $DATABASE_URL), --schema (idem's Postgres schema,
 // as given to idem.Migrate) and --json (machine-readable output instead of aligned tables), and
 // --help. Exit codes: 0 success, 1 the operation failed (the message is on stderr), 2 the
 // command line was wrong.
 //
-// It needs no workflow definitions: runs are read and changed in the database, and resume and
-// fork insert a River job that the application's own River client works. So River's tables must
-// be migrated (rivermigrate) before those two are used, and --queue must name a queue the
+// It needs no workflow definitions: runs are read and changed in the database, and resume, fork
+// and a schedule's trigger and backfill insert River jobs that the application's own River client
+// works. So River's tables must be migrated (rivermigrate) before those are used, and --queue must name a queue the
 // application works, if its engine uses another than River's default.
 //
 // The standard flag package parses the command line: a handful of subcommands with a few flags
@@ -81,6 +83,7 @@ type call struct {
 	fromStep    int
 	newScope    string
 	list        listFlags
+	sched       scheduleFlags
 }
 
 // usageError is a wrong command line: exit code 2.
@@ -90,7 +93,8 @@ func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
-var commands = []*command{migrateCmd, keysGetCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, reapCmd}
+var commands = []*command{migrateCmd, keysGetCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, reapCmd,
+	schedulesListCmd, schedulesShowCmd, schedulesPauseCmd, schedulesResumeCmd, schedulesTriggerCmd, schedulesBackfillCmd, schedulesDeleteCmd}
 
 func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 	if len(argv) == 0 {

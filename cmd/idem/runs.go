@@ -58,6 +58,7 @@ func riverFlags(fs *flag.FlagSet, c *call) {
 type listFlags struct {
 	states, workflows, scope, since, until, after, parent string
 	limit                                                 int
+	attrs                                                 map[string]string
 }
 
 var runsListCmd = &command{
@@ -76,9 +77,21 @@ var runsListCmd = &command{
 		fs.IntVar(&c.list.limit, "limit", workflow.DefaultRunListLimit, fmt.Sprintf("page size, at most %d", workflow.MaxRunListLimit))
 		fs.StringVar(&c.list.after, "after", "", "cursor of the page before, from the previous listing")
 		fs.StringVar(&c.list.parent, "parent", "", "only the children of the run with this ID (in --scope)")
+		fs.Func("attr", "only runs with attribute `k=v` (repeat for several)", func(v string) error {
+			k, val, ok := strings.Cut(v, "=")
+			if !ok || k == "" || val == "" {
+				return fmt.Errorf("--attr %q is not KEY=VALUE (both non-empty)", v)
+			}
+			if c.list.attrs == nil {
+				c.list.attrs = map[string]string{}
+			}
+			c.list.attrs[k] = val
+			return nil
+		})
 	},
 	run: func(ctx context.Context, c *call) error {
-		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows)}
+		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows),
+			Attributes: c.list.attrs}
 		if c.list.parent != "" {
 			if c.list.scope == "" {
 				return usagef("--parent needs --scope: a run's children are in its scope")
@@ -169,6 +182,9 @@ var runsShowCmd = &command{
 			}
 			if r.PendingSignals > 0 {
 				t.row("mailbox", strconv.Itoa(r.PendingSignals)+" pending signals")
+			}
+			for _, k := range sortedKeys(r.Attributes) {
+				t.row("attribute", k+"="+r.Attributes[k])
 			}
 			t.row("created", stamp(r.Created))
 			t.row("updated", stamp(r.Updated))
@@ -301,6 +317,15 @@ var runsForkCmd = &command{
 				map[string]any{"forked": true, "scope": key.Scope, "id": key.ID, "new_scope": newKey.Scope, "new_id": newKey.ID, "from_step": c.fromStep})
 		})
 	},
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 func splitList(s string) []string {
