@@ -163,7 +163,8 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 // run from a step once the bug that broke that step is fixed, without touching the original.
 //
 // The new run is a run of its own: its steps get new derived keys (see [StepKey]), a run with a
-// deadline (RunOpts.Timeout) gets the same timeout counted from the fork, and calling
+// deadline (RunOpts.Timeout) gets the same timeout counted from the fork, the run's attributes
+// are copied (the steps that run again may set theirs again), and calling
 // Workflow.Run or Workflow.Get with newKey and the same input joins it. newKey must be unused:
 // a key that exists (of a run or of idem.Do) is refused with idem.ErrMismatch. fromStep must be
 // between 1 and one more than the run's number of steps. The original run is read as it is,
@@ -206,7 +207,8 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		// The resume job (or the admission of a queued run) starts the fork once this
 		// transaction, which copies its history too, commits.
 		ok, err = e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
-			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout, Concurrency: src.Concurrency}, resumeForked)
+			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout, Concurrency: src.Concurrency,
+			Attributes: src.Attributes}, resumeForked)
 		switch {
 		case err != nil:
 			return fmt.Errorf("workflow: error creating the forked run: %w", err)

@@ -87,6 +87,14 @@ func TestAttributes(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, map[string]string{"customer": "c-9"}, run.Attributes)
 
+		// A fork carries them.
+		forked := idem.Key{Scope: "s", ID: "bg-fork"}
+		require.NoError(t, e.RunFork(b.ctx, key, forked, 2))
+		require.Equal(t, "done", b.waitFinished(t, forked))
+		run, err = e.RunGet(b.ctx, forked)
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"customer": "c-9"}, run.Attributes)
+
 		err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 			return wf.StartTx(b.ctx, e, tx, idem.Key{Scope: "s", ID: "two"}, transferReq{}, &workflow.StartOpts{}, &workflow.StartOpts{})
 		})

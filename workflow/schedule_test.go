@@ -413,3 +413,27 @@ func TestScheduleLoop(t *testing.T) {
 	require.GreaterOrEqual(t, s.TicksStarted, int64(2))
 	require.GreaterOrEqual(t, int64(b.count(t, `SELECT count(*) FROM idem_runs`)), s.TicksStarted, "a tick's run commits with it")
 }
+
+// TestScheduleRunsReaped: a schedule's finished runs are reaped like any, attributes and all;
+// the schedule stays, and says its last run is gone.
+func TestScheduleRunsReaped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := tickRecorder()
+	e := b.engine(t, fastConfig(wf))
+	b.insertOnly(t, e)
+	require.NoError(t, wf.Schedule(b.ctx, e, "hourly", "tick", &workflow.ScheduleOpts{Every: time.Hour}))
+	key, err := e.ScheduleTrigger(b.ctx, "hourly")
+	require.NoError(t, err)
+	require.NoError(t, e.RunCancel(b.ctx, key, "test"))
+	_, err = b.pool.Exec(b.ctx, `UPDATE idem_runs SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	_, err = workflow.Reap(b.ctx, e)
+	require.NoError(t, err)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_runs`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys`))
+	s, err := e.ScheduleGet(b.ctx, "hourly")
+	require.NoError(t, err)
+	require.Equal(t, key, *s.LastRun)
+	require.Empty(t, s.LastRunState, "reaped")
+}

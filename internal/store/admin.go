@@ -100,7 +100,7 @@ WHERE scope = $1 AND id = $2
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		forkSource: t.render(`SELECT workflow, fingerprint, input, coalesce(trace_context, ''),
-	(extract(epoch FROM deadline - created_at) * 1000000)::int8, concurrency_key, coalesce(concurrency_limit, 0)
+	(extract(epoch FROM deadline - created_at) * 1000000)::int8, concurrency_key, coalesce(concurrency_limit, 0), attributes
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
 		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
@@ -237,6 +237,7 @@ type ForkSource struct {
 	Trace       string
 	Timeout     time.Duration // the run's deadline less its creation; 0 for none
 	Concurrency *Concurrency  // the run's concurrency key and limit; nil for none
+	Attributes  map[string]string
 }
 
 // RunForkSource reads what a fork copies, locking the run against a concurrent change of its
@@ -246,7 +247,8 @@ func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id st
 	var timeout *int64
 	var key *string
 	var limit int
-	err := q.QueryRow(ctx, st.admin.forkSource, scope, id).Scan(&f.Workflow, &f.Fingerprint, &f.Input, &f.Trace, &timeout, &key, &limit)
+	err := q.QueryRow(ctx, st.admin.forkSource, scope, id).Scan(&f.Workflow, &f.Fingerprint, &f.Input, &f.Trace, &timeout, &key, &limit,
+		&f.Attributes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ForkSource{}, false, nil
 	}
