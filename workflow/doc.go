@@ -157,6 +157,36 @@
 // completed step, and [Engine.RunFork] reruns a run from a step under a new key. None of them
 // needs the workflow registered, so cmd/idem offers them to operators.
 //
+// # Attributes
+//
+// A run may carry string attributes for finding it: given at its start (RunOpts.Attributes,
+// StartOpts.Attributes), changed by its Tx steps in their own transaction ([SetAttributesTx]), so
+// that they change exactly once, with the step. [Engine.RunGet] shows them and
+// RunListParams.Attributes filters on them, through a GIN index on idem_runs.attributes.
+//
+// # Schedules
+//
+// [Workflow.Schedule] defines a durable schedule: a row of idem_schedules that starts a run of
+// the workflow at each tick of a cron expression (in a time zone) or of an interval. Every engine
+// whose workers run fires the due schedules from the loop that scans for expired leases, not
+// from River's leader: it takes a due schedule FOR UPDATE SKIP LOCKED and, in that transaction,
+// starts each due tick's run ownerless (as StartTx does, with its resume job) under the key
+// "sched/<name>/<tick>" and moves the schedule's next tick on, so a tick and its run commit
+// together and no tick starts twice, however many engines run. The loop sleeps until the next
+// tick is due, at most ScanInterval. Overlap policies say what a tick does while the run before
+// it is unfinished ([OverlapSkip], [OverlapAllow]); catch-up policies which ticks missed during a
+// downtime start afterwards ([CatchUpLatest], [CatchUpAll], [CatchUpSkip]). Operators pause,
+// resume, trigger, backfill, list and delete schedules with the Engine's Schedule… methods or
+// `idem schedules`, without the workflow registered. Cron expressions are parsed by
+// github.com/robfig/cron/v3.
+//
+//	err := Settle.Schedule(ctx, engine, "nightly-settlement", SettleReq{}, &workflow.ScheduleOpts{
+//		Cron:     "0 2 * * *",
+//		TimeZone: "Europe/Berlin",
+//		CatchUp:  workflow.CatchUpAll,
+//	})
+//
 // Tables: idem.Migrate creates them (idem_keys, idem_runs, idem_steps, idem_step_attempts,
-// idem_signals and idem_events; see schema.sql), and River's own with rivermigrate.
+// idem_signals, idem_events and idem_schedules; see schema.sql), and River's own with
+// rivermigrate.
 package workflow
