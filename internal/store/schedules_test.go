@@ -1,47 +1,15 @@
 package store_test
 
 import (
-	"context"
-	"os"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
 	"github.com/idemkit/idem/internal/store"
 )
-
-func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
-
-type schedBundle struct {
-	ctx  context.Context
-	pool *pgxpool.Pool
-	st   *store.Statements
-}
-
-// schedSetup gives a test a database of its own with idem migrated.
-func schedSetup(t *testing.T) *schedBundle {
-	t.Helper()
-	ctx := context.Background()
-	pool := pgtemp.NewPool(t)
-	require.NoError(t, idem.Migrate(ctx, pool))
-	return &schedBundle{ctx: ctx, pool: pool, st: store.For("")}
-}
-
-func (b *schedBundle) begin(t *testing.T) pgx.Tx {
-	t.Helper()
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	return tx
-}
 
 var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
@@ -55,7 +23,7 @@ func TestScheduleStatements(t *testing.T) {
 
 	t.Run("UpsertGetList", func(t *testing.T) {
 		t.Parallel()
-		b := schedSetup(t)
+		b := setup(t)
 		created, next, err := b.st.ScheduleUpsert(b.ctx, b.pool, upsertParams("a"))
 		require.NoError(t, err)
 		require.True(t, created)
@@ -112,7 +80,7 @@ func TestScheduleStatements(t *testing.T) {
 
 	t.Run("PauseResumeDelete", func(t *testing.T) {
 		t.Parallel()
-		b := schedSetup(t)
+		b := setup(t)
 		_, _, err := b.st.ScheduleUpsert(b.ctx, b.pool, upsertParams("a"))
 		require.NoError(t, err)
 		ok, err := b.st.ScheduleResume(b.ctx, b.pool, "a", t0)
@@ -125,7 +93,7 @@ func TestScheduleStatements(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, s.Paused)
 		require.Equal(t, "why", s.PauseNote)
-		_, _, ok, err = b.st.ScheduleClaim(b.ctx, b.pool, ptrTime(t0.Add(24*time.Hour)))
+		_, _, ok, err = b.st.ScheduleClaim(b.ctx, b.pool, ptr(t0.Add(24*time.Hour)))
 		require.NoError(t, err)
 		require.False(t, ok, "a paused schedule is never due")
 		_, ok, err = b.st.ScheduleNextDue(b.ctx, b.pool, &t0)
@@ -158,13 +126,13 @@ func TestScheduleStatements(t *testing.T) {
 
 	t.Run("ClaimSkipsLockedAndAdvance", func(t *testing.T) {
 		t.Parallel()
-		b := schedSetup(t)
+		b := setup(t)
 		for _, n := range []string{"a", "b"} {
 			_, _, err := b.st.ScheduleUpsert(b.ctx, b.pool, upsertParams(n))
 			require.NoError(t, err)
 		}
 		now := t0.Add(90 * time.Minute)
-		_, _, ok, err := b.st.ScheduleClaim(b.ctx, b.pool, ptrTime(t0))
+		_, _, ok, err := b.st.ScheduleClaim(b.ctx, b.pool, ptr(t0))
 		require.NoError(t, err)
 		require.False(t, ok, "nothing is due before its next tick")
 
@@ -218,13 +186,11 @@ func TestScheduleStatements(t *testing.T) {
 	})
 }
 
-func ptrTime(t time.Time) *time.Time { return &t }
 
 func TestRunAttributes(t *testing.T) {
 	t.Parallel()
 
-	token := func() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
-	attrs := func(t *testing.T, b *schedBundle, id string) map[string]string {
+	attrs := func(t *testing.T, b *testBundle, id string) map[string]string {
 		t.Helper()
 		var m map[string]string
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT attributes FROM idem_runs WHERE id = $1`, id).Scan(&m))
@@ -233,8 +199,8 @@ func TestRunAttributes(t *testing.T) {
 
 	t.Run("StartEnqueueSet", func(t *testing.T) {
 		t.Parallel()
-		b := schedSetup(t)
-		tok := token()
+		b := setup(t)
+		tok := newToken()
 		s := b.st.RunStart(store.RunStartParams{Scope: "s", ID: "k", Workflow: "wf", Input: []byte(`1`), Token: tok, Owner: "o",
 			Lease: time.Minute, Attributes: map[string]string{"a": "1", "b": "2"}})
 		row, err := store.ScanRunStart(b.pool.QueryRow(b.ctx, s.SQL, s.Args...))
@@ -262,13 +228,13 @@ func TestRunAttributes(t *testing.T) {
 		r = set(store.RunSetAttributesParams{LeaseParams: lease, Remove: []string{"b", "c"}, Max: 3})
 		require.True(t, r.Set)
 		require.Nil(t, attrs(t, b, "k"), "none left: NULL again")
-		r = set(store.RunSetAttributesParams{LeaseParams: store.LeaseParams{Scope: "s", ID: "k", Token: token()}, Set: map[string]string{"x": "y"}, Max: 3})
+		r = set(store.RunSetAttributesParams{LeaseParams: store.LeaseParams{Scope: "s", ID: "k", Token: newToken()}, Set: map[string]string{"x": "y"}, Max: 3})
 		require.True(t, r.Fenced, "another token is fenced out")
 	})
 
 	t.Run("ListFilterUsesIndex", func(t *testing.T) {
 		t.Parallel()
-		b := schedSetup(t)
+		b := setup(t)
 		// 20000 runs, each customer's 10 among them: a filter that the index answers, where
 		// walking idem_runs_created newest first would read half the table.
 		_, err := b.pool.Exec(b.ctx, `INSERT INTO idem_runs (scope, id, workflow, state, created_at, attributes)

@@ -26,7 +26,7 @@ func TestFor(t *testing.T) {
 	t.Run("TablesIn", func(t *testing.T) {
 		t.Parallel()
 		require.Equal(t, store.Tables{Keys: "idem_keys", Runs: "idem_runs", Steps: "idem_steps", Attempts: "idem_step_attempts",
-			Migrations: "idem_migrations", Signals: "idem_signals", Events: "idem_events"}, store.TablesIn(""))
+			Migrations: "idem_migrations", Signals: "idem_signals", Events: "idem_events", Schedules: "idem_schedules"}, store.TablesIn(""))
 		// A name that needs quoting is quoted, so that it cannot end the identifier.
 		require.Equal(t, `"Tenant ""7"""."idem_step_attempts"`, store.TablesIn(`Tenant "7"`).Attempts)
 	})
@@ -77,6 +77,13 @@ func TestFor(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, list, 1)
 		require.Equal(t, 1, list[0].PendingSignals)
+		_, _, err = st.ScheduleUpsert(ctx, pool, store.ScheduleUpsertParams{Name: "n", Workflow: "wf", Scope: "s", Every: time.Hour,
+			TimeZone: "UTC", Input: []byte(`1`), Overlap: "skip", CatchUp: "latest", NextTick: time.Now()})
+		require.NoError(t, err)
+		claimed, _, ok, err := st.ScheduleClaim(ctx, pool, nil)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, "n", claimed.Name)
 
 		// The fence's error names the table without its schema, so IsFenceError knows it here too.
 		_, err = st.StepCheckpoint(store.CheckpointParams{LeaseParams: store.LeaseParams{Scope: "s", ID: "k", Token: newToken()},
@@ -86,8 +93,9 @@ func TestFor(t *testing.T) {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM "Tenant-7".idem_runs) + (SELECT count(*) FROM "Tenant-7".idem_keys)
 	+ (SELECT count(*) FROM "Tenant-7".idem_steps) + (SELECT count(*) FROM "Tenant-7".idem_step_attempts)
-	+ (SELECT count(*) FROM "Tenant-7".idem_signals) + (SELECT count(*) FROM "Tenant-7".idem_events)`).Scan(&n))
-		require.Equal(t, 6, n)
+	+ (SELECT count(*) FROM "Tenant-7".idem_signals) + (SELECT count(*) FROM "Tenant-7".idem_events)
+	+ (SELECT count(*) FROM "Tenant-7".idem_schedules)`).Scan(&n))
+		require.Equal(t, 7, n)
 
 		// The default schema has no tables now: its statements say so.
 		_, err = store.For("").RunLookup(ctx, pool, "s", "k")
