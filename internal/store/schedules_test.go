@@ -186,7 +186,6 @@ func TestScheduleStatements(t *testing.T) {
 	})
 }
 
-
 func TestRunAttributes(t *testing.T) {
 	t.Parallel()
 
