@@ -359,13 +359,9 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 	if err := validateAttributes("RunListParams.Attributes", params.Attributes, false); err != nil {
 		return nil, err
 	}
-	switch {
-	case params.Limit < 0:
-		return nil, fmt.Errorf("workflow: RunListParams.Limit cannot be negative (got %d)", params.Limit)
-	case params.Limit > MaxRunListLimit:
-		return nil, fmt.Errorf("workflow: RunListParams.Limit cannot be more than %d (got %d); page with After instead", MaxRunListLimit, params.Limit)
-	case params.Limit == 0:
-		f.Limit = DefaultRunListLimit
+	limit, err := pageLimit("RunListParams.Limit", params.Limit)
+	if err != nil {
+		return nil, err
 	}
 	for _, s := range params.States {
 		f.States = append(f.States, string(s))
@@ -389,8 +385,7 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 		}
 		f.After = c
 	}
-	limit := f.Limit
-	f.Limit++
+	f.Limit = limit + 1
 	records, err := e.st.RunList(ctx, e.db, f)
 	if err != nil {
 		return nil, fmt.Errorf("workflow: error listing runs: %w", e.tablesError(err))
@@ -406,6 +401,20 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 		res.Next = encodeCursor(last)
 	}
 	return res, nil
+}
+
+// pageLimit checks the Limit of a page of RunList or ScheduleList (field names it), and gives
+// the default for 0.
+func pageLimit(field string, limit int) (int, error) {
+	switch {
+	case limit < 0:
+		return 0, fmt.Errorf("workflow: %s cannot be negative (got %d)", field, limit)
+	case limit > MaxRunListLimit:
+		return 0, fmt.Errorf("workflow: %s cannot be more than %d (got %d); page with After instead", field, MaxRunListLimit, limit)
+	case limit == 0:
+		return DefaultRunListLimit, nil
+	}
+	return limit, nil
 }
 
 type cursor struct {

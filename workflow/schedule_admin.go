@@ -125,14 +125,9 @@ func (e *Engine) ScheduleList(ctx context.Context, params *ScheduleListParams) (
 	if params == nil {
 		params = &ScheduleListParams{}
 	}
-	limit := params.Limit
-	switch {
-	case limit < 0:
-		return nil, fmt.Errorf("workflow: ScheduleListParams.Limit cannot be negative (got %d)", limit)
-	case limit > MaxRunListLimit:
-		return nil, fmt.Errorf("workflow: ScheduleListParams.Limit cannot be more than %d (got %d); page with After instead", MaxRunListLimit, limit)
-	case limit == 0:
-		limit = DefaultRunListLimit
+	limit, err := pageLimit("ScheduleListParams.Limit", params.Limit)
+	if err != nil {
+		return nil, err
 	}
 	if params.After != "" {
 		if err := validScheduleName(params.After); err != nil {
