@@ -86,23 +86,30 @@ func (e *Engine) scanLoop(ctx context.Context, done, wake chan struct{}) {
 // and says how long to sleep: until the next live lease runs out or the next tick is due, at
 // most ScanInterval.
 func (e *Engine) scanOnce(ctx context.Context) (time.Duration, error) {
-	if err := errors.Join(e.scan(ctx), e.scanOverdue(ctx), e.fireSchedules(ctx)); err != nil {
+	if err := errors.Join(e.scan(ctx), e.scanOverdue(ctx)); err != nil {
 		return 0, err
 	}
-	next, ok, err := e.st.RunNextExpiry(ctx, e.db)
+	// The schedules' transaction only when one is due: one statement a pass otherwise.
+	tick, ok, err := e.st.ScheduleNextDue(ctx, e.db, e.clockNow())
+	if err == nil && ok && tick <= 0 {
+		if err := e.fireSchedules(ctx); err != nil {
+			return 0, err
+		}
+		tick, ok, err = e.st.ScheduleNextDue(ctx, e.db, e.clockNow())
+	}
 	if err != nil {
 		return 0, err
 	}
 	wait := e.cfg.ScanInterval
 	if ok {
-		wait = min(wait, next)
+		wait = min(wait, tick)
 	}
-	tick, ok, err := e.st.ScheduleNextDue(ctx, e.db, e.clockNow())
+	next, ok, err := e.st.RunNextExpiry(ctx, e.db)
 	if err != nil {
 		return 0, err
 	}
 	if ok {
-		wait = min(wait, tick)
+		wait = min(wait, next)
 	}
 	return max(wait, minScanWait), nil
 }

@@ -228,11 +228,16 @@ func (w *Workflow[In, Out]) Schedule(ctx context.Context, e *Engine, name string
 	if e == nil {
 		return errors.New("workflow: Schedule needs an engine; e is nil")
 	}
-	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error { return w.ScheduleTx(ctx, e, t, name, in, opts) })
+	if err := pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error { return w.ScheduleTx(ctx, e, t, name, in, opts) }); err != nil {
+		return err
+	}
+	e.poke() // this engine's loop sees the new timing now; the others at their next pass
+	return nil
 }
 
 // ScheduleTx is [Workflow.Schedule] in the caller's transaction t: the schedule exists, or
-// changes, if and only if t commits.
+// changes, if and only if t commits. The engines' loops see it at their next pass (at most
+// Config.ScanInterval later).
 //
 //	err := pgx.BeginFunc(ctx, pool, func(t pgx.Tx) error {
 //		return Report.ScheduleTx(ctx, engine, t, "report:"+tenant, ReportReq{Tenant: tenant}, &workflow.ScheduleOpts{Every: time.Hour})
@@ -268,7 +273,6 @@ func (w *Workflow[In, Out]) ScheduleTx(ctx context.Context, e *Engine, t pgx.Tx,
 		return fmt.Errorf("workflow: error storing schedule %q: %w", name, e.tablesError(err))
 	}
 	e.log.InfoContext(ctx, "workflow: schedule defined", "schedule", name, "workflow", w.name, "created", created, "next_tick", next)
-	e.poke()
 	return nil
 }
 

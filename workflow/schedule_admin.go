@@ -177,7 +177,7 @@ func (e *Engine) ScheduleResume(ctx context.Context, name string) error {
 	if err := validScheduleName(name); err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
 		s, now, tm, err := e.lockSchedule(ctx, t, name)
 		if err != nil || !s.Paused {
 			return err
@@ -189,9 +189,12 @@ func (e *Engine) ScheduleResume(ctx context.Context, name string) error {
 		if _, err := e.st.ScheduleResume(ctx, t, name, next); err != nil {
 			return fmt.Errorf("workflow: error resuming schedule: %w", err)
 		}
-		e.poke()
 		return nil
 	})
+	if err == nil {
+		e.poke()
+	}
+	return err
 }
 
 // ScheduleDelete deletes the schedule name. The runs it started stay, and finish. None of that
