@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	_ "time/tzdata" // the tests' time zones, whether or not the machine has zoneinfo
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
