@@ -275,15 +275,15 @@ type ScheduleBackfillResult struct {
 // ScheduleBackfill starts a run for each tick of the schedule name at or after from and before
 // to, whatever its pause or overlap policy say, under each tick's own key: a tick that ran
 // already (its key holds a run) is left alone, so a backfill can be repeated. to cannot be after
-// now (the ticks to come are the schedule's), and the range may hold at most 1000 ticks. It needs
-// the engine's River client.
+// now (the ticks to come are the schedule's); a zero to means now, by Postgres's clock. The range
+// may hold at most 1000 ticks. It needs the engine's River client.
 //
 //	res, err := engine.ScheduleBackfill(ctx, "nightly-settlement", time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC))
 func (e *Engine) ScheduleBackfill(ctx context.Context, name string, from, to time.Time) (*ScheduleBackfillResult, error) {
 	if err := validScheduleName(name); err != nil {
 		return nil, err
 	}
-	if !from.Before(to) {
+	if !to.IsZero() && !from.Before(to) {
 		return nil, fmt.Errorf("workflow: a backfill's from (%s) must be before its to (%s)", from.Format(time.RFC3339), to.Format(time.RFC3339))
 	}
 	client, err := e.riverClient(ctx)
@@ -295,6 +295,12 @@ func (e *Engine) ScheduleBackfill(ctx context.Context, name string, from, to tim
 		s, now, tm, err := e.lockSchedule(ctx, t, name)
 		if err != nil {
 			return err
+		}
+		if to.IsZero() {
+			to = now
+		}
+		if !from.Before(to) {
+			return fmt.Errorf("workflow: a backfill's from (%s) must be before now (%s)", from.Format(time.RFC3339), now.Format(time.RFC3339))
 		}
 		if to.After(now) {
 			return fmt.Errorf("workflow: a backfill's to (%s) cannot be after now (%s): the ticks to come are the schedule's", to.Format(time.RFC3339), now.Format(time.RFC3339))

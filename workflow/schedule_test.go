@@ -366,6 +366,12 @@ func TestScheduleOperations(t *testing.T) {
 	require.ErrorContains(t, err, "cannot be after now")
 	_, err = e.ScheduleBackfill(b.ctx, "nightly", to, from)
 	require.ErrorContains(t, err, "must be before its to")
+	_, err = e.ScheduleBackfill(b.ctx, "nightly", clock.Now().Add(time.Minute), time.Time{})
+	require.ErrorContains(t, err, "must be before now")
+	res, err = e.ScheduleBackfill(b.ctx, "nightly", from, time.Time{})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Existing, "a zero to is now")
+	require.Equal(t, []idem.Key{{Scope: workflow.DefaultScheduleScope, ID: tickID("nightly", time.Date(2030, 1, 3, 2, 0, 0, 0, berlin))}}, res.Started)
 
 	every, err := time.ParseDuration("1s")
 	require.NoError(t, err)
@@ -388,13 +394,13 @@ func TestScheduleOperations(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list.Schedules, 1)
 	require.Equal(t, "nightly", list.Schedules[0].Name)
-	require.Equal(t, int64(3), list.Schedules[0].TicksStarted)
+	require.Equal(t, int64(4), list.Schedules[0].TicksStarted)
 	require.Empty(t, list.Next)
 
 	require.NoError(t, e.ScheduleDelete(b.ctx, "nightly"))
 	_, err = e.ScheduleGet(b.ctx, "nightly")
 	require.ErrorIs(t, err, idem.ErrNotFound)
-	require.Len(t, b.schedRuns(t, "nightly"), 3, "its runs stay")
+	require.Len(t, b.schedRuns(t, "nightly"), 4, "its runs stay")
 }
 
 // TestScheduleLoop: without a test clock, an engine's own loop starts an interval schedule's

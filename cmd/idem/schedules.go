@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/idemkit/idem/workflow"
 )
@@ -184,9 +183,6 @@ var schedulesBackfillCmd = &command{
 		to, err := parseTime("to", c.sched.to)
 		if err != nil {
 			return err
-		}
-		if to.IsZero() {
-			to = time.Now()
 		}
 		return c.withEngine(ctx, true, func(e *workflow.Engine) error {
 			res, err := e.ScheduleBackfill(ctx, c.args[0], from, to)
