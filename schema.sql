@@ -242,6 +242,10 @@ CREATE TABLE idem_schedules (
     -- The input of every run, as JSON, and the attributes they get.
     input         bytea NOT NULL,
     attributes    jsonb,
+    -- The runs' concurrency key and limit (Workflow.WithConcurrency), computed from the input
+    -- when the schedule is defined, so that any process fires it alike; NULL for none.
+    concurrency_key   text,
+    concurrency_limit integer,
     -- skip or allow: what a tick does while the run of the one before is unfinished.
     overlap       text NOT NULL,
     -- latest, all or skip: which ticks missed while no engine ran are started afterwards.

@@ -261,6 +261,11 @@ func (w *Workflow[In, Out]) ScheduleTx(ctx context.Context, e *Engine, t pgx.Tx,
 		return fmt.Errorf("workflow: error encoding input of type %T as JSON: %w", in, err)
 	}
 	p.Workflow, p.Input = w.name, input
+	// The input is the same at every tick, and so is the runs' concurrency key: stored with the
+	// schedule, it limits them wherever they are fired, by a CLI that knows no workflow too.
+	if p.Concurrency, err = w.concurrency(input); err != nil {
+		return err
+	}
 	now, err := e.st.ScheduleNow(ctx, t, e.clockNow())
 	if err != nil {
 		return fmt.Errorf("workflow: error reading the time: %w", e.tablesError(err))

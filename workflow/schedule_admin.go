@@ -31,6 +31,10 @@ type ScheduleRow struct {
 	Every    time.Duration `json:"every,omitempty"`
 	TimeZone string        `json:"time_zone"`
 
+	// ConcurrencyKey is its runs' concurrency key (Workflow.WithConcurrency), from its input; ""
+	// for none.
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+
 	Overlap    OverlapPolicy     `json:"overlap"`
 	CatchUp    CatchUpPolicy     `json:"catch_up"`
 	Input      json.RawMessage   `json:"input,omitempty"`
@@ -67,6 +71,9 @@ func scheduleRow(s *store.ScheduleRecord) *ScheduleRow {
 		TicksSkipped: s.TicksSkipped, Created: s.Created, Updated: s.Updated}
 	if s.Cron != nil {
 		row.Cron = *s.Cron
+	}
+	if s.Concurrency != nil {
+		row.ConcurrencyKey = s.Concurrency.Key
 	}
 	if s.LastRunID != "" {
 		row.LastRun = &idem.Key{Scope: s.Scope, ID: s.LastRunID}

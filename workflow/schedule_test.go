@@ -444,3 +444,29 @@ func TestScheduleRunsReaped(t *testing.T) {
 	require.Equal(t, key, *s.LastRun)
 	require.Empty(t, s.LastRunState, "reaped")
 }
+
+// TestScheduleConcurrency: the concurrency key of a limited workflow's runs is computed from the
+// schedule's input when it is defined, and holds for the runs its ticks start: past the limit,
+// they queue.
+func TestScheduleConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	clock := newTestClock()
+	wf := workflow.Define("limited", func(ctx context.Context, account string) (string, error) { return account, nil }).
+		WithConcurrency(1, func(account string) string { return account })
+	e := b.engine(t, fastConfig(wf))
+	workflow.SetScheduleClock(e, clock.Now)
+	b.insertOnly(t, e) // the first run holds its slot
+	require.NoError(t, wf.Schedule(b.ctx, e, "per-account", "acct-1", &workflow.ScheduleOpts{Every: time.Hour, Overlap: workflow.OverlapAllow}))
+	for range 2 {
+		clock.Add(time.Hour)
+		require.NoError(t, workflow.FireSchedules(b.ctx, e))
+	}
+	require.Len(t, b.schedRuns(t, "per-account"), 2)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE state = 'running' AND concurrency_key = 'acct-1'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE state = 'queued' AND concurrency_key = 'acct-1'`))
+	s, err := e.ScheduleGet(b.ctx, "per-account")
+	require.NoError(t, err)
+	require.Equal(t, workflow.RunState("queued"), s.LastRunState)
+	require.Equal(t, "acct-1", s.ConcurrencyKey)
+}

@@ -16,7 +16,8 @@ type scheduleStatements struct {
 
 // scheduleColumns are what ScheduleRecord holds, read by scanSchedule. The state of the last
 // tick's run comes from idem_runs; NULL when it has none (never started, or reaped).
-const scheduleColumns = `s.name, s.workflow, s.scope, s.cron, s.every_us, s.time_zone, s.input, s.attributes, s.overlap, s.catch_up,
+const scheduleColumns = `s.name, s.workflow, s.scope, s.cron, s.every_us, s.time_zone, s.input, s.attributes, s.concurrency_key,
+	coalesce(s.concurrency_limit, 0), s.overlap, s.catch_up,
 	s.paused, coalesce(s.pause_note, ''), s.next_tick, s.last_tick, coalesce(s.last_run_id, ''), r.state, s.ticks_started,
 	s.ticks_skipped, s.created_at, s.updated_at`
 
@@ -30,11 +31,11 @@ func newScheduleStatements(t Tables) scheduleStatements {
 		// defines it at every start moves nothing); with other timing, it gets the new one's.
 		// An operator's pause survives either.
 		upsert: t.render(`INSERT INTO {schedules} AS s (name, workflow, scope, cron, every_us, time_zone, input, attributes, overlap,
-	catch_up, paused, next_tick, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, now(), now())
+	catch_up, paused, next_tick, concurrency_key, concurrency_limit, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $14, now(), now())
 ON CONFLICT (name) DO UPDATE SET workflow = excluded.workflow, scope = excluded.scope, cron = excluded.cron,
 	every_us = excluded.every_us, time_zone = excluded.time_zone, input = excluded.input, attributes = excluded.attributes,
-	overlap = excluded.overlap, catch_up = excluded.catch_up, updated_at = now(),
+	concurrency_key = excluded.concurrency_key, concurrency_limit = excluded.concurrency_limit, overlap = excluded.overlap, catch_up = excluded.catch_up, updated_at = now(),
 	next_tick = CASE WHEN (s.cron, s.every_us, s.time_zone) IS NOT DISTINCT FROM (excluded.cron, excluded.every_us, excluded.time_zone)
 		THEN s.next_tick ELSE excluded.next_tick END
 RETURNING (xmax = 0), next_tick`),
@@ -85,6 +86,7 @@ type ScheduleRecord struct {
 	TimeZone              string
 	Input                 []byte
 	Attributes            map[string]string
+	Concurrency           *Concurrency // of the runs it starts; nil for none
 	Overlap, CatchUp      string
 	Paused                bool
 	PauseNote             string
@@ -100,14 +102,19 @@ type ScheduleRecord struct {
 func scanSchedule(row pgx.Row, extra ...any) (*ScheduleRecord, error) {
 	s := &ScheduleRecord{}
 	var every *int64
-	dest := append([]any{&s.Name, &s.Workflow, &s.Scope, &s.Cron, &every, &s.TimeZone, &s.Input, &s.Attributes, &s.Overlap,
-		&s.CatchUp, &s.Paused, &s.PauseNote, &s.NextTick, &s.LastTick, &s.LastRunID, &s.LastRunState, &s.TicksStarted,
+	var ckey *string
+	var climit int
+	dest := append([]any{&s.Name, &s.Workflow, &s.Scope, &s.Cron, &every, &s.TimeZone, &s.Input, &s.Attributes, &ckey, &climit,
+		&s.Overlap, &s.CatchUp, &s.Paused, &s.PauseNote, &s.NextTick, &s.LastTick, &s.LastRunID, &s.LastRunState, &s.TicksStarted,
 		&s.TicksSkipped, &s.Created, &s.Updated}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
 	if every != nil {
 		s.Every = time.Duration(*every) * time.Microsecond
+	}
+	if ckey != nil {
+		s.Concurrency = &Concurrency{Key: *ckey, Limit: climit}
 	}
 	return s, nil
 }
@@ -128,6 +135,7 @@ type ScheduleUpsertParams struct {
 	TimeZone              string
 	Input                 []byte
 	Attributes            map[string]string
+	Concurrency           *Concurrency // of the runs it starts; nil for none
 	Overlap, CatchUp      string
 	Paused                bool // for a new schedule only
 	NextTick              time.Time
@@ -140,8 +148,9 @@ func (st *Statements) ScheduleUpsert(ctx context.Context, q Querier, p ScheduleU
 	if p.Every > 0 {
 		every = p.Every.Microseconds()
 	}
+	ck, cl := p.Concurrency.args()
 	err = q.QueryRow(ctx, st.sched.upsert, p.Name, p.Workflow, p.Scope, nullText(p.Cron), every, p.TimeZone, p.Input,
-		attributesArg(p.Attributes), p.Overlap, p.CatchUp, p.Paused, p.NextTick).Scan(&created, &next)
+		attributesArg(p.Attributes), p.Overlap, p.CatchUp, p.Paused, p.NextTick, ck, cl).Scan(&created, &next)
 	return created, next, err
 }
 

@@ -37,7 +37,7 @@ func TestScheduleStatements(t *testing.T) {
 		require.False(t, created)
 		require.Equal(t, t0.Add(time.Hour), next.UTC())
 		// Other timing: the new next tick.
-		p.Every, p.Cron = 0, "0 * * * *"
+		p.Every, p.Cron, p.Concurrency = 0, "0 * * * *", &store.Concurrency{Key: "acct", Limit: 2}
 		_, next, err = b.st.ScheduleUpsert(b.ctx, b.pool, p)
 		require.NoError(t, err)
 		require.Equal(t, t0.Add(5*time.Hour), next.UTC())
@@ -51,6 +51,7 @@ func TestScheduleStatements(t *testing.T) {
 		require.Equal(t, "allow", s.Overlap)
 		require.False(t, s.Paused)
 		require.Equal(t, map[string]string{"team": "a"}, s.Attributes)
+		require.Equal(t, &store.Concurrency{Key: "acct", Limit: 2}, s.Concurrency)
 		require.Nil(t, s.LastTick)
 		require.Nil(t, s.LastRunState)
 
