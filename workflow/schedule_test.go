@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/workflow"
 )
@@ -469,4 +470,37 @@ func TestScheduleConcurrency(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, workflow.RunState("queued"), s.LastRunState)
 	require.Equal(t, "acct-1", s.ConcurrencyKey)
+}
+
+// TestScheduleFailingDoesNotHoldUpOthers: a schedule whose tick cannot start (its key's start is
+// in flight in another transaction) fails its firing, and the schedules due after it fire all the
+// same; it fires at the next pass.
+func TestScheduleFailingDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	clock := newTestClock()
+	wf := tickRecorder()
+	e := b.engine(t, fastConfig(wf))
+	workflow.SetScheduleClock(e, clock.Now)
+	b.insertOnly(t, e)
+	require.NoError(t, wf.Schedule(b.ctx, e, "a", "tick", &workflow.ScheduleOpts{Every: time.Hour}))
+	require.NoError(t, wf.Schedule(b.ctx, e, "b", "tick", &workflow.ScheduleOpts{Every: 2 * time.Hour}))
+	tick := clock.Add(2*time.Hour - 20*time.Second).Truncate(time.Hour) // 02:00, due for both; a's next tick is earlier
+	held := tickID("a", tick)
+
+	other, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback(b.ctx) }()
+	_, err = other.Exec(b.ctx, `SELECT pg_advisory_xact_lock($1)`, store.LockID("", workflow.DefaultScheduleScope, held))
+	require.NoError(t, err)
+
+	err = workflow.FireSchedules(b.ctx, e)
+	require.ErrorContains(t, err, `error firing schedule "a"`)
+	require.ErrorIs(t, err, idem.ErrInFlight)
+	require.Nil(t, b.schedRuns(t, "a"))
+	require.Equal(t, []string{tickID("b", tick)}, b.schedRuns(t, "b"), "b fired although a, due before it, failed")
+
+	require.NoError(t, other.Rollback(b.ctx))
+	require.NoError(t, workflow.FireSchedules(b.ctx, e))
+	require.Equal(t, []string{held}, b.schedRuns(t, "a"))
 }

@@ -63,27 +63,36 @@ func (e *Engine) fireSchedules(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A schedule that fails to fire is passed over for the rest of the pass, so that it does not
+	// hold up the ones due after it; it is tried again at the next pass.
+	var failed []string
+	var errs []error
 	for range maxFiringsPerPass {
-		fired, err := e.fireOne(ctx, client)
-		if err != nil || !fired {
-			return err
+		name, err := e.fireOne(ctx, client, failed)
+		switch {
+		case err != nil && name == "":
+			return errors.Join(append(errs, err)...)
+		case err != nil:
+			failed, errs = append(failed, name), append(errs, err)
+		case name == "":
+			return errors.Join(errs...)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// fireOne fires one due schedule: fired is false when none is due (or every due one is being
-// fired by another engine).
-func (e *Engine) fireOne(ctx context.Context, client *river.Client[pgx.Tx]) (fired bool, err error) {
+// fireOne fires one due schedule but for those named in except, and returns its name: "" when
+// none is due (or every due one is being fired by another engine).
+func (e *Engine) fireOne(ctx context.Context, client *river.Client[pgx.Tx], except []string) (name string, err error) {
 	err = pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
-		s, now, ok, err := e.st.ScheduleClaim(ctx, t, e.clockNow())
+		s, now, ok, err := e.st.ScheduleClaim(ctx, t, e.clockNow(), except)
 		switch {
 		case err != nil:
 			return fmt.Errorf("workflow: error looking for due schedules: %w", e.tablesError(err))
 		case !ok:
 			return nil
 		}
-		fired = true
+		name = s.Name
 		tm, err := timingOf(s)
 		if err != nil {
 			return e.pauseBroken(ctx, t, s.Name, err)
@@ -115,7 +124,10 @@ func (e *Engine) fireOne(ctx context.Context, client *river.Client[pgx.Tx]) (fir
 		}
 		return nil
 	})
-	return fired, err
+	if err != nil && name != "" {
+		err = fmt.Errorf("workflow: error firing schedule %q: %w", name, err)
+	}
+	return name, err
 }
 
 // pauseBroken pauses a schedule whose stored timing this process cannot follow (a time zone it

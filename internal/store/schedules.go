@@ -57,7 +57,7 @@ WHERE name = $1 AND paused`),
 		// runs and moves it on: SKIP LOCKED passes over a schedule another engine is firing, so
 		// engines share the due schedules and none waits.
 		claim: t.render(`WITH due AS (
-	SELECT name FROM {schedules} WHERE NOT paused AND next_tick <= coalesce($1::timestamptz, now())
+	SELECT name FROM {schedules} WHERE NOT paused AND next_tick <= coalesce($1::timestamptz, now()) AND name <> ALL($2::text[])
 	ORDER BY next_tick LIMIT 1 FOR UPDATE SKIP LOCKED
 )
 SELECT ` + scheduleColumns + `, coalesce($1::timestamptz, now()) ` + scheduleFrom + ` JOIN due d ON d.name = s.name`),
@@ -196,11 +196,14 @@ func (st *Statements) ScheduleDelete(ctx context.Context, q Querier, name string
 }
 
 // ScheduleClaim takes one active schedule whose next tick is due at now (nil: Postgres's now),
-// locking it for the rest of the caller's transaction, and passing over schedules that other
-// transactions hold (SKIP LOCKED). It returns the time it went by; ok is false when none is
-// due, or every due one is held.
-func (st *Statements) ScheduleClaim(ctx context.Context, q Querier, now *time.Time) (s *ScheduleRecord, at time.Time, ok bool, err error) {
-	s, err = scanSchedule(q.QueryRow(ctx, st.sched.claim, now), &at)
+// but for those named in except, locking it for the rest of the caller's transaction, and
+// passing over schedules that other transactions hold (SKIP LOCKED). It returns the time it went
+// by; ok is false when none is due, or every due one is held.
+func (st *Statements) ScheduleClaim(ctx context.Context, q Querier, now *time.Time, except []string) (s *ScheduleRecord, at time.Time, ok bool, err error) {
+	if except == nil {
+		except = []string{}
+	}
+	s, err = scanSchedule(q.QueryRow(ctx, st.sched.claim, now, except), &at)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, at, false, nil
 	}

@@ -80,7 +80,7 @@ func TestFor(t *testing.T) {
 		_, _, err = st.ScheduleUpsert(ctx, pool, store.ScheduleUpsertParams{Name: "n", Workflow: "wf", Scope: "s", Every: time.Hour,
 			TimeZone: "UTC", Input: []byte(`1`), Overlap: "skip", CatchUp: "latest", NextTick: time.Now()})
 		require.NoError(t, err)
-		claimed, _, ok, err := st.ScheduleClaim(ctx, pool, nil)
+		claimed, _, ok, err := st.ScheduleClaim(ctx, pool, nil, nil)
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, "n", claimed.Name)
