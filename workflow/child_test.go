@@ -293,13 +293,10 @@ func TestChildrenSurviveTheParentsCrash(t *testing.T) {
 	// The parent's process dies right after its start steps committed: in a Call step after them.
 	ctx, cancel := context.WithCancel(b.ctx)
 	crashing := workflow.Define("parent", func(ctx context.Context, in parentIn) ([]string, error) {
-		var runs []*workflow.ChildRun[string]
 		for _, c := range in.Children {
-			run, err := steps.StartChild(ctx, "start "+c.Name, f.child, c, nil)
-			if err != nil {
+			if _, err := steps.StartChild(ctx, "start "+c.Name, f.child, c, nil); err != nil {
 				return nil, err
 			}
-			runs = append(runs, run)
 		}
 		if _, err := steps.Call(ctx, "between", func(ctx context.Context, _ string) (int, error) {
 			cancel() // the process dies here, its children started

@@ -45,14 +45,6 @@ func timedOutFromStored(name string, key idem.Key, result []byte) error {
 	return &TimedOutError{Workflow: name, Scope: key.Scope, ID: key.ID, Message: f.Message}
 }
 
-// timeoutMicros is RunOpts.Timeout as a statement argument: NULL for none.
-func timeoutMicros(d time.Duration) any {
-	if d <= 0 {
-		return nil
-	}
-	return d.Microseconds()
-}
-
 // startClock sets the clocks of a run this process starts: created is Postgres's time of its
 // start in µs (0 when its row is not written yet).
 func (rs *runState) startClock(created int64) {

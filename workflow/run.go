@@ -490,7 +490,7 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 	runCtx = context.WithValue(runCtx, runKey{}, rs)
 
 	stopHeartbeat := e.heartbeat(runCtx, rs)
-	out, ferr, panicked := callSafely(runCtx, rs.def, input)
+	out, panicked, ferr := callSafely(runCtx, rs.def, input)
 	rs.drain() // branches still in flight write under the lease, which the heartbeat keeps
 	stopHeartbeat()
 
@@ -699,7 +699,7 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 // callSafely calls the workflow function. A panic in it comes back as panicked, and as an error
 // that stops the run without failing it: a panic is a bug, and a deploy that fixes it should find
 // the run still resumable. (executeOnce lets a panic go on when nothing of the run is committed.)
-func callSafely(ctx context.Context, def Definition, input []byte) (out []byte, err error, panicked any) {
+func callSafely(ctx context.Context, def Definition, input []byte) (out []byte, panicked any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			panicked = r
@@ -707,7 +707,7 @@ func callSafely(ctx context.Context, def Definition, input []byte) (out []byte, 
 		}
 	}()
 	out, err = def.call(ctx, input)
-	return out, err, nil
+	return out, nil, err
 }
 
 // heartbeat renews rs's lease every Lease/3 until the returned function is called. When the

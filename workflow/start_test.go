@@ -30,7 +30,6 @@ type countedIn struct {
 
 type counter struct {
 	b       *testBundle
-	mu      sync.Mutex
 	entered chan struct{}
 	release chan struct{}
 }
