@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -189,16 +187,7 @@ func (rs *runState) branchTx(ctx context.Context, s *StepInfo, body func(ctx con
 // branchTxRetrying runs a Tx branch's attempt again on a serialization failure or deadlock, as
 // tx.Run would.
 func (rs *runState) branchTxRetrying(ctx context.Context, s *StepInfo, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
-	retry := backoff.Jitter{Min: 5 * time.Millisecond, Max: 500 * time.Millisecond}
-	for n := 1; ; n++ {
-		out, err := rs.branchTx(ctx, s, body)
-		if err == nil || !tx.IsRetryable(err) || n >= 10 || rs.stopped() != nil {
-			return out, err
-		}
-		if serr := backoff.Sleep(ctx, retry.Wait(n)); serr != nil {
-			return nil, err
-		}
-	}
+	return rs.rerunOnConflict(ctx, func() ([]byte, error) { return rs.branchTx(ctx, s, body) })
 }
 
 // SelectStep waits for the first of branches to complete, in a step named name, and returns its

@@ -452,9 +452,15 @@ func (rs *runState) stepTx(ctx context.Context, s *StepInfo, body func(ctx conte
 // stepTxRetrying runs a Tx step's attempt again when Postgres reports a serialization failure or
 // deadlock, as tx.Run would.
 func (rs *runState) stepTxRetrying(ctx context.Context, s *StepInfo, body func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error)) ([]byte, error) {
+	return rs.rerunOnConflict(ctx, func() ([]byte, error) { return rs.stepTx(ctx, s, body) })
+}
+
+// rerunOnConflict runs one attempt of a Tx step (attempt), again when Postgres reports a
+// serialization failure or a deadlock, a few times.
+func (rs *runState) rerunOnConflict(ctx context.Context, attempt func() ([]byte, error)) ([]byte, error) {
 	retry := backoff.Jitter{Min: 5 * time.Millisecond, Max: 500 * time.Millisecond}
 	for n := 1; ; n++ {
-		out, err := rs.stepTx(ctx, s, body)
+		out, err := attempt()
 		if err == nil || !tx.IsRetryable(err) || n >= 10 || rs.stopped() != nil {
 			return out, err
 		}

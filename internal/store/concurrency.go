@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 
 	"github.com/jackc/pgx/v5"
@@ -67,15 +65,7 @@ WHERE scope = $1 AND id = $2 AND concurrency_key IS NOT NULL`),
 // ConcurrencyLockID is the advisory lock of a workflow's concurrency key: the first 8 bytes of a
 // SHA-256 over the schema, the workflow and the key, apart from the keys' in-flight locks.
 func ConcurrencyLockID(schema, workflow, key string) int64 {
-	h := sha256.New()
-	var n [8]byte
-	for _, part := range []string{"idem.concurrency.v1", LockSchema(schema), workflow, key} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		h.Write([]byte(part))
-	}
-	var sum [sha256.Size]byte
-	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
+	return lockHash("idem.concurrency.v1", LockSchema(schema), workflow, key)
 }
 
 // ConcurrencyLock takes the lock of a workflow's concurrency key for the rest of the caller's

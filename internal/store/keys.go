@@ -120,9 +120,15 @@ func finishKeyRow(row KeyRow, live *bool) KeyRow {
 // schema take one lock: a lock per spelling would let two Do's on one key both run their
 // function.
 func LockID(schema, scope, id string) int64 {
+	return lockHash("idem.lock.v1", LockSchema(schema), scope, id)
+}
+
+// lockHash is the first 8 bytes of a SHA-256 over the length-prefixed parts, so that parts never
+// run into each other.
+func lockHash(parts ...string) int64 {
 	h := sha256.New()
 	var n [8]byte
-	for _, part := range []string{"idem.lock.v1", LockSchema(schema), scope, id} {
+	for _, part := range parts {
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		h.Write(n[:])
 		h.Write([]byte(part))
