@@ -16,6 +16,10 @@
 // --help. Exit codes: 0 success, 1 the operation failed (the message is on stderr), 2 the
 // command line was wrong.
 //
+// Tables show stored strings (error texts, workflow names, scopes, inputs) with the characters a
+// terminal would act on escaped as Go escapes them (\x1b, \u202e) and long ones clipped; --json
+// shows them whole. Fingerprints are hex in both.
+//
 // It needs no workflow definitions: runs are read and changed in the database, and resume, fork
 // and a schedule's trigger and backfill insert River jobs that the application's own River client
 // works. So River's tables must be migrated (rivermigrate) before those are used, and --queue must name a queue the
@@ -84,6 +88,7 @@ type call struct {
 	newScope    string
 	list        listFlags
 	sched       scheduleFlags
+	keyList     keyListFlags
 }
 
 // usageError is a wrong command line: exit code 2.
@@ -93,7 +98,7 @@ func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
-var commands = []*command{migrateCmd, keysGetCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, reapCmd,
+var commands = []*command{migrateCmd, keysGetCmd, keysListCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, reapCmd,
 	schedulesListCmd, schedulesShowCmd, schedulesPauseCmd, schedulesResumeCmd, schedulesTriggerCmd, schedulesBackfillCmd, schedulesDeleteCmd}
 
 func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
@@ -158,10 +163,12 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &uerr):
-		fmt.Fprintf(stderr, "idem %s: %v\n", cmd.name, err)
+		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, escape(err.Error()))
 		return exitUsage
 	default:
-		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, strings.TrimPrefix(err.Error(), "idem: "))
+		// An error may quote what was stored (a run's error, a workflow's name): escaped as in
+		// tables, whole.
+		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, escape(strings.TrimPrefix(err.Error(), "idem: ")))
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 			fmt.Fprintf(stderr, "idem %s: a table is missing: run \"idem migrate\" (with the same --schema) for idem's tables, and River's rivermigrate for River's\n", cmd.name)
@@ -288,5 +295,6 @@ func usage(w io.Writer) {
 	tw.flush()
 	fmt.Fprintf(w, "\nEvery command takes --database-url (default $DATABASE_URL), --schema, --json and --help;\n"+
 		"idem --version prints the module's version and the schema version it migrates to.\n"+
+		"Tables escape control characters of stored strings and clip long ones; --json has them whole.\n"+
 		"Exit codes: 0 success, 1 failure, 2 usage.\n")
 }

@@ -209,8 +209,11 @@ var runsShowCmd = &command{
 			t.row("SEQ", "STEP", "KIND", "ATTEMPTS", "AT", "RESULT")
 			for _, s := range r.Steps {
 				result := string(s.Output)
-				if s.Error != "" {
+				switch {
+				case s.Error != "":
 					result = "error: " + s.Error
+				case s.Kind == "sleep":
+					result = sleepResult(s)
 				}
 				t.row(strconv.Itoa(s.Seq), s.Name, s.Kind, strconv.Itoa(s.Attempts), stamp(s.Created), clip(result, 80))
 			}
@@ -362,4 +365,15 @@ func stateNames() []string {
 		names[i] = string(s)
 	}
 	return names
+}
+
+// sleepResult shows a sleep step's stored wake-up (µs since the epoch) as a time, and how long
+// after the step was reached it is.
+func sleepResult(s workflow.StepRow) string {
+	us, err := strconv.ParseInt(string(s.Output), 10, 64)
+	if err != nil {
+		return string(s.Output)
+	}
+	wake := time.UnixMicro(us)
+	return "until " + stamp(wake) + " (" + wake.Sub(s.Created).Round(time.Second).String() + " after the step)"
 }
