@@ -158,9 +158,10 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 
 // RunFork starts a new run under newKey, of the same workflow with the same input, whose
 // history is the run under key's steps before position fromStep (1 copies nothing, 2 copies
-// step 1, and so on): those steps are replayed, not run, and the new run runs from fromStep on,
-// through a River resume job inserted in the same transaction. It is how an operator reruns a
-// run from a step once the bug that broke that step is fixed, without touching the original.
+// step 1, and so on): those steps are replayed, not run, the events they set (steps.SetEvent)
+// are the new run's events, and the new run runs from fromStep on, through a River resume job
+// inserted in the same transaction. It is how an operator reruns a run from a step once the bug
+// that broke that step is fixed, without touching the original.
 //
 // The new run is a run of its own: its steps get new derived keys (see [StepKey]), a run with a
 // deadline (RunOpts.Timeout) gets the same timeout counted from the fork, the run's attributes
@@ -217,6 +218,10 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		}
 		if err := e.st.RunForkSteps(ctx, t, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
 			return fmt.Errorf("workflow: error copying the run's history: %w", err)
+		}
+		// The copied event steps are replayed, not run: what they published comes with them.
+		if err := e.st.RunForkEvents(ctx, t, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
+			return fmt.Errorf("workflow: error copying the run's events: %w", err)
 		}
 		e.log.InfoContext(ctx, "workflow: run forked", "workflow", src.Workflow, "scope", key.Scope, "id", key.ID,
 			"new_scope", newKey.Scope, "new_id", newKey.ID, "from_step", fromStep)

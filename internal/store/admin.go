@@ -125,7 +125,7 @@ func prefixEnd(prefix string) string {
 // effects, and the admin operations (cancel, resume, fork), each meant for one transaction.
 type adminStatements struct {
 	keyWorkflow, runGet, runSteps, runLock, runCancel, runCutFailed, runReopen, forkSource, forkSteps,
-	stepCount, cancelHeard string
+	forkEvents, stepCount, cancelHeard string
 }
 
 // runColumns are what RunRecord holds, read by scanRunRecord.
@@ -188,6 +188,13 @@ FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
 SELECT $3, $4, seq, name, kind, output, error, attempts, created_at FROM {steps}
 WHERE scope = $1 AND id = $2 AND seq < $5`),
+
+		// An event step's output is the value it set; the last of each name before the fork
+		// point is what the run had published there.
+		forkEvents: t.render(`INSERT INTO {events} (scope, id, name, value)
+SELECT DISTINCT ON (name) $3, $4, name, output FROM {steps}
+WHERE scope = $1 AND id = $2 AND seq < $5 AND kind = 'event' AND error IS NULL
+ORDER BY name, seq DESC`),
 	}
 }
 
@@ -346,6 +353,14 @@ func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id st
 // RunForkSteps copies the steps before position from of one run to another.
 func (st *Statements) RunForkSteps(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
 	_, err := q.Exec(ctx, st.admin.forkSteps, scope, id, newScope, newID, from)
+	return err
+}
+
+// RunForkEvents gives a forked run the events that the steps before position from of the run it
+// copies set: for each name, the value of the last of them. Step outputs of event steps are
+// their values (see workflow.SetEventStep).
+func (st *Statements) RunForkEvents(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
+	_, err := q.Exec(ctx, st.admin.forkEvents, scope, id, newScope, newID, from)
 	return err
 }
 

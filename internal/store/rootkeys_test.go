@@ -4,12 +4,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/internal/store"
 )
 
-// The statement added for idem.KeyList (the root package's others are in keytexts_test.go).
+// The statements added for idem.KeyList and for RunFork's events (the root package's others are
+// in keytexts_test.go).
 
 func TestKeyListStmt(t *testing.T) {
 	t.Parallel()
@@ -49,5 +51,33 @@ func TestKeyListStmt(t *testing.T) {
 	got, _, err := b.st.KeyGet(b.ctx, b.pool, "s", "ar")
 	require.NoError(t, err)
 	require.Equal(t, got, keys[0], "a listed key reads as KeyGet reads it")
+}
 
+func TestRunForkEventsStmt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	batch := &pgx.Batch{}
+	for seq, s := range []struct{ kind, name, output string }{
+		{"event", "status", `"a"`}, {"tx", "status", `"not an event"`}, {"event", "n", `1`}, {"event", "status", `"b"`}, {"event", "late", `true`},
+	} {
+		batch.Queue(`INSERT INTO idem_steps (scope, id, seq, name, kind, output) VALUES ('s', 'k', $1, $2, $3, $4)`, seq+1, s.name, s.kind, s.output)
+	}
+	batch.Queue(`INSERT INTO idem_steps (scope, id, seq, name, kind, error) VALUES ('s', 'k', 6, 'failed', 'event', 'boom')`)
+	require.NoError(t, b.pool.SendBatch(b.ctx, batch).Close())
+	events := func(id string) map[string]string {
+		m := map[string]string{}
+		rows, err := b.pool.Query(b.ctx, `SELECT name, convert_from(value, 'UTF8') FROM idem_events WHERE scope = 's' AND id = $1`, id)
+		require.NoError(t, err)
+		var name, value string
+		_, err = pgx.ForEachRow(rows, []any{&name, &value}, func() error { m[name] = value; return nil })
+		require.NoError(t, err)
+		return m
+	}
+	for from, want := range map[int]map[string]string{
+		1: {}, 2: {"status": `"a"`}, 4: {"status": `"a"`, "n": `1`}, 5: {"status": `"b"`, "n": `1`}, 7: {"status": `"b"`, "n": `1`, "late": `true`},
+	} {
+		id := "fork-" + string(rune('0'+from))
+		require.NoError(t, b.st.RunForkEvents(b.ctx, b.pool, "s", "k", "s", id, from))
+		require.Equal(t, want, events(id), "from step %d", from)
+	}
 }
