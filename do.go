@@ -330,14 +330,22 @@ func lostRace(prev error, key Key) bool {
 	return errors.As(prev, &inflight) && inflight.Race && inflight.Scope == key.Scope && inflight.ID == key.ID
 }
 
-// lookupError explains a failed lookup. A missing table is the commonest mistake on a new
-// database, and its raw message does not say what to do.
+// lookupError explains a failed lookup (see tablesError).
 func lookupError(cfg *config, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("idem: idem's tables are missing (%s): run idem.Migrate at startup, with the same Schema option as this call, or apply schema.sql: %w", pgErr.Message, err)
+	if terr := tablesError(err); terr != err {
+		return terr
 	}
 	return fmt.Errorf("idem: error looking up key: %w", err)
+}
+
+// tablesError explains an error that comes from a database without idem's tables, the commonest
+// mistake on a new database, whose raw message does not say what to do; other errors pass.
+func tablesError(err error) error {
+	var pgErr *pgconn.PgError
+	if store.IsMissingTable(err) && errors.As(err, &pgErr) {
+		return fmt.Errorf("idem: idem's tables are missing (%s): run idem.Migrate at startup, with the same Schema option as this call, or apply schema.sql: %w", pgErr.Message, err)
+	}
+	return err
 }
 
 // lockID is the key's in-flight lock; see store.LockID.

@@ -121,7 +121,7 @@ func (r *reaper) drain(ctx context.Context, del func(ctx context.Context, limit 
 		n, err := del(ctx, limit)
 		took := time.Since(start)
 		if err != nil {
-			return deleted, fmt.Errorf("idem: error deleting expired keys (after %d): %w", deleted, err)
+			return deleted, fmt.Errorf("idem: error deleting expired keys (after %d): %w", deleted, tablesError(err))
 		}
 		deleted += n
 		r.total += n

@@ -256,7 +256,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		rs := e.newRun(def, key.Scope, key.ID, token)
 		row, err := rs.tx.startRun(ctx, start)
 		if err != nil {
-			return nil, false, fmt.Errorf("workflow: error starting run: %w", err)
+			return nil, false, fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
 		}
 		kr := row.KeyRun
 		if !row.Started && row.Locked && kr.Found && reusable(kr) {

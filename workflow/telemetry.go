@@ -3,6 +3,7 @@ package workflow
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -187,7 +188,7 @@ func (e *Engine) observeRuns() {
 		defer cancel()
 		counts, err := e.st.RunCountByState(ctx, e.db)
 		if err != nil {
-			return err
+			return fmt.Errorf("workflow: error counting runs by state: %w", e.tablesError(err))
 		}
 		for state, n := range counts {
 			o.ObserveInt64(gauge, n, metric.WithAttributes(telemetry.State.String(string(state)), schema))
