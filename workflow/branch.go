@@ -101,6 +101,9 @@ func GoStep(ctx context.Context, kind, name string, opts *StepOpts, body func(ct
 		if err != nil {
 			return nil, err
 		}
+		if err := s.rs.checkStepOutput(s, out); err != nil {
+			return nil, err
+		}
 		if err := s.rs.writeCheckpoint(ctx, s.rs.checkpointParams(s, out, nil)); err != nil {
 			return nil, err
 		}
@@ -166,6 +169,9 @@ func (rs *runState) branchTx(ctx context.Context, s *StepInfo, body func(ctx con
 		return nil, err
 	}
 	out, err := body(ctx, bt.view, s)
+	if err == nil {
+		err = rs.checkStepOutput(s, out)
+	}
 	if err != nil {
 		bt.rollback(ctx)
 		return nil, err

@@ -104,6 +104,29 @@ type Config struct {
 	// idem.Reap in idemriver's reap job. At least one second; default 1 minute.
 	ReapInterval time.Duration
 
+	// MaxInputBytes bounds a run's input, as JSON: Workflow.Run and StartTx refuse a bigger
+	// one with a *LimitError before anything is stored. Default 1 MiB.
+	MaxInputBytes int
+
+	// MaxStepOutputBytes bounds a step's output, as JSON (steps.Tx's and steps.Call's results,
+	// steps.SetEvent's value). A step whose output is bigger fails for good at once, as if it
+	// returned steps.Permanent(*LimitError): the output would not shrink on a retry. A Tx step's
+	// writes roll back with it; a Call's outside effect has happened, but its output is not
+	// stored, so handle the failure (or raise the limit and resume the run) knowing that. Default
+	// 1 MiB.
+	MaxStepOutputBytes int
+
+	// MaxSignalPayloadBytes bounds a signal's payload, as JSON: SignalTx refuses a bigger one
+	// with a *LimitError and records nothing. Default 1 MiB.
+	MaxSignalPayloadBytes int
+
+	// MaxPendingSignals bounds how many signals a run's mailbox holds that no await has consumed:
+	// SignalTx refuses another with a *LimitError and records nothing, so a sender cannot fill the
+	// mailbox of a run that never awaits. Senders that signal the same run at the same moment may
+	// each find room for one more. Duplicates (SignalOpts.DedupeID) are answered as duplicates,
+	// however full the mailbox. Default 10,000.
+	MaxPendingSignals int
+
 	// Schema is the Postgres schema of idem's tables, as given to idem.Migrate with idem.Schema.
 	// Default "": search_path decides.
 	Schema string
@@ -230,6 +253,10 @@ func (c *Config) setDefaults() error {
 		num(&c.ScanBatchSize, "ScanBatchSize", DefaultScanBatchSize),
 		num(&c.StepAttemptsKept, "StepAttemptsKept", DefaultStepAttemptsKept),
 		num(&c.MaxParallelSteps, "MaxParallelSteps", DefaultMaxParallelSteps),
+		num(&c.MaxInputBytes, "MaxInputBytes", DefaultMaxInputBytes),
+		num(&c.MaxStepOutputBytes, "MaxStepOutputBytes", DefaultMaxStepOutputBytes),
+		num(&c.MaxSignalPayloadBytes, "MaxSignalPayloadBytes", DefaultMaxSignalPayloadBytes),
+		num(&c.MaxPendingSignals, "MaxPendingSignals", DefaultMaxPendingSignals),
 		func() error {
 			if c.Queue == "" {
 				c.Queue = river.QueueDefault

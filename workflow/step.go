@@ -168,6 +168,9 @@ func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(c
 		if err != nil {
 			return nil, err
 		}
+		if err := s.rs.checkStepOutput(s, out); err != nil {
+			return nil, err
+		}
 		if err := s.rs.checkpointCall(ctx, s, out, s.checkpointNow); err != nil {
 			return nil, err
 		}
@@ -441,6 +444,9 @@ func (rs *runState) stepTx(ctx context.Context, s *StepInfo, body func(ctx conte
 		return nil, err
 	}
 	out, err := body(ctx, t, s)
+	if err == nil {
+		err = rs.checkStepOutput(s, out) // then the step's writes are undone, as for any failure
+	}
 	if err == nil {
 		rs.tx.hold(rs.deferredCheckpoint(rs.e.st.StepCheckpoint(rs.checkpointParams(s, out, nil)), s.Name), s.Name)
 		return out, nil

@@ -251,6 +251,9 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if err != nil {
 		return zero, fmt.Errorf("workflow: error encoding input of type %T as JSON: %w", in, err)
 	}
+	if err := e.checkInput(w.name, input); err != nil {
+		return zero, err
+	}
 	fingerprint := key.Fingerprint
 	if fingerprint == nil {
 		fingerprint = idem.Fingerprint("idem.workflow.input", w.name, string(input))
