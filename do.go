@@ -11,12 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/keyctx"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txctl"
@@ -89,10 +89,10 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 	tel.DoOutcomes.Add(ctx, 1, outcomeSets[outcome])
 	tel.DoDuration.Record(ctx, time.Since(start).Seconds(), outcomeSets[outcome])
 	if span.IsRecording() {
-		span.SetAttributes(telemetry.Outcome.String(outcome), telemetry.Scope.String(key.Scope))
+		rk := redact.Key{Scope: key.Scope, ID: key.ID}
+		span.SetAttributes(telemetry.Outcome.String(outcome), telemetry.Scope.String(key.Scope), cfg.keys.Attr(rk))
 		if outcome == outcomeError {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			cfg.keys.RecordError(span, err, rk)
 		}
 	}
 	span.End()

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 )
 
@@ -72,8 +73,8 @@ func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) err
 		if err != nil {
 			return fmt.Errorf("workflow: error cancelling run: %w", err)
 		}
-		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "owner", run.Owner, "reason", reason,
-			"children_cancelled", len(children))
+		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.Workflow, "scope", key.Scope, e.keys.Log(rkey(key)), "owner", run.Owner,
+			"reason", e.keys.Text(reason, rkey(key)), "children_cancelled", len(children))
 		return nil
 	})
 }
@@ -145,13 +146,13 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 		}
 		if !admitted {
 			e.log.InfoContext(ctx, "workflow: run resumed by an operator waits for a slot of its concurrency key", "workflow", run.Workflow,
-				"scope", key.Scope, "id", key.ID)
+				"scope", key.Scope, e.keys.Log(rkey(key)))
 			return nil
 		}
 		if err := e.insertResume(ctx, client, t, key, generation, resumeByOperator); err != nil {
 			return err
 		}
-		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "from", string(run.State))
+		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.Workflow, "scope", key.Scope, e.keys.Log(rkey(key)), "from", string(run.State))
 		return nil
 	})
 }
@@ -223,11 +224,16 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		if err := e.st.RunForkEvents(ctx, t, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
 			return fmt.Errorf("workflow: error copying the run's events: %w", err)
 		}
-		e.log.InfoContext(ctx, "workflow: run forked", "workflow", src.Workflow, "scope", key.Scope, "id", key.ID,
-			"new_scope", newKey.Scope, "new_id", newKey.ID, "from_step", fromStep)
+		newAttr := e.keys.Log(rkey(newKey))
+		newAttr.Key = "new_" + newAttr.Key
+		e.log.InfoContext(ctx, "workflow: run forked", "workflow", src.Workflow, "scope", key.Scope, e.keys.Log(rkey(key)),
+			"new_scope", newKey.Scope, newAttr, "from_step", fromStep)
 		return nil
 	})
 }
+
+// rkey is key as records concern it.
+func rkey(key idem.Key) redact.Key { return redact.Key{Scope: key.Scope, ID: key.ID} }
 
 // cancelledOutcome turns an error that stopped a run into the run's cancellation, when that is
 // what happened: a cancel takes the lease away, so the owner first sees a lost lease, and only
@@ -244,9 +250,9 @@ func (e *Engine) cancelledOutcome(ctx context.Context, rs *runState, err error) 
 	}
 	if herr := e.st.RunCancelHeard(lctx, e.db, rs.scope, rs.id, e.owner); herr != nil {
 		// The lease then runs out by itself; a resume waits for that.
-		e.log.WarnContext(ctx, "workflow: error giving up the lease of a cancelled run", "scope", rs.scope, "id", rs.id, "error", herr)
+		e.log.WarnContext(ctx, "workflow: error giving up the lease of a cancelled run", "scope", rs.scope, e.keys.Log(rs.rkey()), e.keys.Error(herr, rs.rkey()))
 	}
 	e.log.InfoContext(ctx, "workflow: run was cancelled and stopped at its step boundary", "workflow", rs.def.Name(),
-		"scope", rs.scope, "id", rs.id, "attempt", rs.attempt)
+		"scope", rs.scope, e.keys.Log(rs.rkey()), "attempt", rs.attempt)
 	return cancelledFromStored(rs.def.Name(), idemKey(rs), kr.Output)
 }

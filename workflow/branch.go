@@ -153,7 +153,7 @@ func goStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres b
 	go func() {
 		defer rs.branches.inflight.Done()
 		defer func() { <-rs.branches.slots }()
-		sctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, c.info.Seq, false)
+		sctx, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, c.info.Seq, false)
 		out, err := rs.attempts(sctx, c.info, &c.cfg, inPostgres, span, attempt)
 		span.end(c.info.Attempt, err)
 		b.finish(out, err)

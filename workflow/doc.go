@@ -147,7 +147,10 @@
 // reconciliations; a histogram of step duration; and a gauge of runs by state (done runs
 // excepted). A run keeps the W3C traceparent of the span that started it, and its resume job
 // makes that span its parent: the part of a run that another process finishes after a crash
-// sits in the trace of the request that started it. Keys are never recorded; scopes are.
+// sits in the trace of the request that started it. Key IDs are never recorded, in spans, events,
+// metrics, log records or the errors of the engine's River jobs: a run's records carry the hash
+// of its key (idem.key.hash, key_hash) instead, and Config.RecordKeys the IDs; scopes and
+// workflow names are recorded as they are.
 //
 // # Operating runs
 //

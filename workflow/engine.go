@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 )
@@ -133,8 +134,16 @@ type Config struct {
 
 	// Logger receives what the engine does that no caller hears of: runs resumed or taken over
 	// (Info), reconciled (Info), stopped by a lost lease or before their end (Warn). Default
-	// slog.Default().
+	// slog.Default(). A record names a run by its scope and the hash of its key (key_hash), never
+	// by its key's ID, unless RecordKeys is set.
 	Logger *slog.Logger
+
+	// RecordKeys makes the engine's spans and log records carry key IDs as they are (idem.key.id
+	// and id, and in the error texts they record), instead of the short hash that stands for a
+	// key by default (idem.key.hash and key_hash: 16 hex digits of a SHA-256 of the scope and ID,
+	// which idem runs show prints). For deployments whose keys are not secrets. Metrics never
+	// carry keys, hashed or not.
+	RecordKeys bool
 
 	// TracerProvider and MeterProvider receive the engine's spans (idem.workflow.run, .resume,
 	// .step, .scan) and metrics (idem.step.executions, .retries, .duration;
@@ -170,7 +179,8 @@ type Engine struct {
 	client    atomic.Pointer[river.Client[pgx.Tx]]
 	log       *slog.Logger
 	tel       *telemetry.Set
-	owner     string // names this process in the leases it takes, for operators
+	keys      redact.Keys // what records carry of keys
+	owner     string      // names this process in the leases it takes, for operators
 
 	// heartbeatOff stops lease renewals, to let tests play a paused process.
 	heartbeatOff atomic.Bool
@@ -201,7 +211,7 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: store.For(c.Schema), log: c.Logger,
-		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner()}
+		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner(), keys: redact.Keys{Full: c.RecordKeys}}
 	for i, d := range c.Workflows {
 		if d == nil {
 			return nil, fmt.Errorf("workflow: Workflows[%d] cannot be nil", i)

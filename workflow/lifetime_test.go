@@ -170,10 +170,12 @@ func TestMissingTables(t *testing.T) {
 			_, err := e.EventGet(ctx, key, "status", 0)
 			return err
 		},
-		"Get":       func() error { _, err := wf.Get(ctx, e, key); return err },
-		"Run":       func() error { _, err := wf.Run(ctx, e, key, 1, nil); return err },
-		"StartTx":   func() error { return inTx(func(t pgx.Tx) error { return wf.StartTx(ctx, e, t, key, 1) }) },
-		"SignalTx":  func() error { return inTx(func(t pgx.Tx) error { _, err := e.SignalTx(ctx, t, key, "go", 1, nil); return err }) },
+		"Get":     func() error { _, err := wf.Get(ctx, e, key); return err },
+		"Run":     func() error { _, err := wf.Run(ctx, e, key, 1, nil); return err },
+		"StartTx": func() error { return inTx(func(t pgx.Tx) error { return wf.StartTx(ctx, e, t, key, 1) }) },
+		"SignalTx": func() error {
+			return inTx(func(t pgx.Tx) error { _, err := e.SignalTx(ctx, t, key, "go", 1, nil); return err })
+		},
 		"RunCancel": func() error { return e.RunCancel(ctx, key, "") },
 		"RunResume": func() error { return e.RunResume(ctx, key) },
 		"RunFork":   func() error { return e.RunFork(ctx, key, idem.Key{Scope: "s", ID: "k2"}, 1) },

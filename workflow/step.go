@@ -208,7 +208,7 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 	if err := rs.boundary(ctx, inPostgres); err != nil {
 		return nil, err
 	}
-	ctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, c.info.Seq, false)
+	ctx, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, c.info.Seq, false)
 	out, err := rs.attempts(ctx, c.info, &c.cfg, inPostgres, span, attempt)
 	span.end(c.info.Attempt, err)
 	return out, err
@@ -270,7 +270,7 @@ func claimStep(ctx context.Context, kind, name string, opts *StepOpts, main bool
 		if rec.Name != name || rec.Kind != kind {
 			return c, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.Kind + ":" + rec.Name, Called: kind + ":" + name})
 		}
-		_, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, true)
+		_, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, seq, true)
 		if rec.Error != nil {
 			err := &StepError{Step: name, Seq: seq, Attempts: rec.Attempts, Message: *rec.Error}
 			span.end(0, err)
@@ -398,8 +398,8 @@ func (rs *runState) recordAttempt(ctx context.Context, info *StepInfo, outcome s
 		return rs.commitFailed(ctx, "the run's start with a failed attempt", rerr)
 	}
 	// The record is for the operator; the step goes on without it.
-	rs.e.log.WarnContext(ctx, "workflow: error recording a failed attempt", "workflow", rs.def.Name(), "scope", rs.scope, "id", rs.id,
-		"step", info.Name, "error", rerr)
+	rs.e.log.WarnContext(ctx, "workflow: error recording a failed attempt", "workflow", rs.def.Name(), "scope", rs.scope, rs.e.keys.Log(rs.rkey()),
+		"step", info.Name, rs.e.keys.Error(rerr, rs.rkey()))
 	return nil
 }
 

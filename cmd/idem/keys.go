@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 )
 
 // connect opens a pool on the database the flags name.
@@ -115,11 +116,12 @@ var keysGetCmd = &command{
 			return err
 		}
 		if c.json {
-			return c.printJSON(keyJSON{info, hex.EncodeToString(info.Fingerprint)})
+			return c.printJSON(newKeyJSON(info))
 		}
 		t := newTable(c.stdout)
 		t.row("scope", info.Scope)
 		t.row("id", info.ID)
+		t.row("hash", redact.Hash(info.Scope, info.ID))
 		t.row("fingerprint", orDash(hex.EncodeToString(info.Fingerprint)))
 		t.row("created", stamp(info.Created))
 		if info.Workflow != "" {
@@ -140,10 +142,16 @@ var keysGetCmd = &command{
 }
 
 // keyJSON is a key as --json prints it: KeyInfo with its fingerprint in hex, as tables show it
-// (encoding/json would write the bytes in base64).
+// (encoding/json would write the bytes in base64), and the hash that stands for the key in
+// idem's spans and logs.
 type keyJSON struct {
 	*idem.KeyInfo
 	Fingerprint string `json:"fingerprint,omitempty"`
+	Hash        string `json:"key_hash"`
+}
+
+func newKeyJSON(k *idem.KeyInfo) keyJSON {
+	return keyJSON{k, hex.EncodeToString(k.Fingerprint), redact.Hash(k.Scope, k.ID)}
 }
 
 type keyListFlags struct {
@@ -193,7 +201,7 @@ var keysListCmd = &command{
 		if c.json {
 			keys := make([]keyJSON, len(res.Keys))
 			for i, k := range res.Keys {
-				keys[i] = keyJSON{k, hex.EncodeToString(k.Fingerprint)}
+				keys[i] = newKeyJSON(k)
 			}
 			return c.printJSON(struct {
 				Keys []keyJSON `json:"keys"`

@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/workflow"
 )
 
@@ -158,11 +159,16 @@ var runsShowCmd = &command{
 				return err
 			}
 			if c.json {
-				return c.printJSON(r)
+				// The hash that stands for the run's key in idem's spans and logs, beside the run.
+				return c.printJSON(struct {
+					*workflow.RunRow
+					Hash string `json:"key_hash"`
+				}{r, redact.Hash(r.Scope, r.ID)})
 			}
 			t := newTable(c.stdout)
 			t.row("scope", r.Scope)
 			t.row("id", r.ID)
+			t.row("hash", redact.Hash(r.Scope, r.ID))
 			t.row("workflow", r.Workflow)
 			t.row("state", string(r.State))
 			t.row("attempts", strconv.Itoa(r.Attempts))

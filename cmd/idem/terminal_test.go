@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/workflow"
 )
@@ -128,6 +129,7 @@ func TestTerminalOutput(t *testing.T) {
 		out := b.ok(t, "keys", "get", hostileScope, "order-1")
 		requireTerminalSafe(t, out)
 		require.Regexp(t, `(?m)^fingerprint\s+`+hex.EncodeToString(fp)+`$`, out)
+		require.Regexp(t, `(?m)^hash\s+`+redact.Hash(hostileScope, "order-1")+`$`, out, "the hash that stands for the key in spans and logs")
 		var info map[string]any
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "keys", "get", "--json", hostileScope, "order-1")), &info))
 		require.Equal(t, hex.EncodeToString(fp), info["fingerprint"], "the same encoding in --json as in the table")
