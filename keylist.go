@@ -2,11 +2,10 @@ package idem
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/idem/internal/page"
 	"github.com/idemkit/idem/internal/store"
 )
 
@@ -120,13 +119,9 @@ func keyListParams(params *KeyListParams) (store.KeyListParams, error) {
 			return p, fmt.Errorf("idem: KeyListParams.Prefix cannot start a key's ID, so no key has it: %s", invalid.Reason)
 		}
 	}
-	switch {
-	case params.Limit < 0:
-		return p, fmt.Errorf("idem: KeyListParams.Limit cannot be negative (got %d)", params.Limit)
-	case params.Limit > MaxKeyListLimit:
-		return p, fmt.Errorf("idem: KeyListParams.Limit cannot be more than %d (got %d); page with After instead", MaxKeyListLimit, params.Limit)
-	case params.Limit == 0:
-		p.Limit = DefaultKeyListLimit
+	var err error
+	if p.Limit, err = page.Limit("idem: KeyListParams.Limit", params.Limit, DefaultKeyListLimit, MaxKeyListLimit); err != nil {
+		return p, err
 	}
 	if params.After != "" {
 		id, err := decodeKeyCursor(params.Scope, params.After)
@@ -143,28 +138,15 @@ type keyCursor struct {
 	ID    string `json:"i"`
 }
 
-func encodeKeyCursor(scope, id string) string {
-	data, _ := json.Marshal(keyCursor{Scope: scope, ID: id}) // strings always encode
-	return base64.RawURLEncoding.EncodeToString(data)
-}
+func encodeKeyCursor(scope, id string) string { return page.Encode(keyCursor{Scope: scope, ID: id}) }
 
 // decodeKeyCursor reads a cursor of KeyList's for scope. A cursor holds a stored key, which
 // passed Validate when it was stored, and the scope it was listed in: anything else was forged,
 // or belongs to another listing.
 func decodeKeyCursor(scope, s string) (string, error) {
-	data, err := base64.RawURLEncoding.DecodeString(s)
 	var c keyCursor
-	if err == nil {
-		err = json.Unmarshal(data, &c)
-	}
-	if err == nil {
-		err = Key{Scope: c.Scope, ID: c.ID}.Validate()
-	}
-	if err != nil || c.Scope != scope {
-		if len(s) > 100 {
-			s = s[:100] + "…" // a forged cursor does not fill the error
-		}
-		return "", fmt.Errorf("%w: KeyListParams.After %q is not a cursor from KeyListResult.Next of a listing of this scope", ErrInvalidCursor, s)
+	if !page.Decode(s, &c) || (Key{Scope: c.Scope, ID: c.ID}).Validate() != nil || c.Scope != scope {
+		return "", fmt.Errorf("%w: KeyListParams.After %s is not a cursor from KeyListResult.Next of a listing of this scope", ErrInvalidCursor, page.Quote(s))
 	}
 	return c.ID, nil
 }

@@ -561,14 +561,14 @@ func numberEnd(data []byte, i int) int {
 // (whitespace dropped, an escape rewritten, members reordered) or the end is reached.
 type emitter struct {
 	*scan
-	buf     []byte
-	d       *digest.Digest
-	from    int // data[from:] up to where the emitter is is pending: it goes out as it is
-	next    int // where to look first in long: after the last container found there
-	nextU   int // and in unsorted
-	members []uint64
-	spare   []uint64 // sortPrefixes' second array
-	byKey   func(a, b uint64) int
+	buf        []byte
+	d          *digest.Digest
+	from       int // data[from:] up to where the emitter is is pending: it goes out as it is
+	longStarts offsets
+	unsortedAt offsets
+	members    []uint64
+	spare      []uint64 // sortPrefixes' second array
+	byKey      func(a, b uint64) int
 }
 
 // A member of an object out of order, as the second reading gathers it, is a uint64: the offset
@@ -578,7 +578,13 @@ func memberKey(m uint64) int       { return int(uint32(m)) }
 func memberPrefix(m uint64) uint32 { return uint32(m >> 32) }
 
 func newEmitter(s *scan, buf []byte, d *digest.Digest) *emitter {
-	e := &emitter{scan: s, buf: buf, d: d}
+	e := &emitter{scan: s, buf: buf, d: d, unsortedAt: offsets{at: s.unsorted}}
+	if len(s.long) > 0 {
+		e.longStarts.at = make([]int32, len(s.long))
+		for k, l := range s.long {
+			e.longStarts.at[k] = l.start
+		}
+	}
 	// Key order, and the original order between equal keys: the order is total, so the
 	// unstable sort gives the stable result. Made once: a closure per object would be an
 	// allocation per object.
@@ -646,53 +652,43 @@ func (e *emitter) ws(i int) int {
 	return i
 }
 
-// long finds the record of the container at offset i, nil if it is no longer than smallSpan.
-// In document order the containers come in the record's order, so the one after the last found
-// is tried first.
+// offsets finds offsets in a sorted list. The second reading asks in document order, mostly, so
+// the one after the last found is tried first.
+type offsets struct {
+	at   []int32
+	next int
+}
+
+// find returns the index of offset i in the list, and whether it is there.
+func (o *offsets) find(i int) (int, bool) {
+	at, n := o.at, o.next
+	if n < len(at) && int(at[n]) == i {
+		o.next = n + 1
+		return n, true
+	}
+	if (n == len(at) || int(at[n]) > i) && (n == 0 || int(at[n-1]) < i) {
+		return 0, false // between two offsets of the list
+	}
+	n, found := slices.BinarySearch(at, int32(i))
+	o.next = n
+	if found {
+		o.next++
+	}
+	return n, found
+}
+
+// longAt finds the record of the container at offset i, nil if it is no longer than smallSpan.
 func (e *emitter) longAt(i int) *span {
-	long, n := e.scan.long, e.next
-	if n < len(long) && int(long[n].start) == i {
-		e.next = n + 1
-		return &long[n]
-	}
-	if (n == len(long) || int(long[n].start) > i) && (n == 0 || int(long[n-1].start) < i) {
-		return nil // between two records
-	}
-	// By hand: a comparison closure over e would be allocated on every call.
-	lo, hi := 0, len(long)
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if int(long[mid].start) < i {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
-	}
-	e.next = lo
-	if lo < len(long) && int(long[lo].start) == i {
-		e.next = lo + 1
-		return &long[lo]
+	if k, ok := e.longStarts.find(i); ok {
+		return &e.long[k]
 	}
 	return nil
 }
 
-// isUnsorted reports whether the object at offset i has its members out of order; as longAt,
-// it tries the one after the last found first.
+// isUnsorted reports whether the object at offset i has its members out of order.
 func (e *emitter) isUnsorted(i int) bool {
-	u, n := e.unsorted, e.nextU
-	if n < len(u) && int(u[n]) == i {
-		e.nextU = n + 1
-		return true
-	}
-	if (n == len(u) || int(u[n]) > i) && (n == 0 || int(u[n-1]) < i) {
-		return false
-	}
-	n, found := slices.BinarySearch(u, int32(i))
-	if found {
-		n++
-	}
-	e.nextU = n
-	return found
+	_, ok := e.unsortedAt.find(i)
+	return ok
 }
 
 // value writes the value at data[i] and returns the offset after it.

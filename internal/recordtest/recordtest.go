@@ -59,17 +59,17 @@ func (c *Capture) Records(t testing.TB) []string {
 		var b strings.Builder
 		fmt.Fprintf(&b, "span %s status=%s %q", s.Name, s.Status.Code, s.Status.Description)
 		for _, a := range s.Attributes {
-			fmt.Fprintf(&b, " %s=%q", a.Key, a.Value.Emit())
+			fmt.Fprintf(&b, " %s=%q", a.Key, a.Value.String())
 		}
 		for _, e := range s.Events {
 			fmt.Fprintf(&b, " | event %s", e.Name)
 			for _, a := range e.Attributes {
-				fmt.Fprintf(&b, " %s=%q", a.Key, a.Value.Emit())
+				fmt.Fprintf(&b, " %s=%q", a.Key, a.Value.String())
 			}
 		}
 		for _, l := range s.Links {
 			for _, a := range l.Attributes {
-				fmt.Fprintf(&b, " | link %s=%q", a.Key, a.Value.Emit())
+				fmt.Fprintf(&b, " | link %s=%q", a.Key, a.Value.String())
 			}
 		}
 		out = append(out, b.String())
