@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -180,7 +181,7 @@ func (st *Statements) RunTimeOut(ctx context.Context, q Querier, scope, id strin
 }
 
 // SignalParams are a signal sent to a run; DedupeID "" for none. It is recorded only while the
-// run has fewer than MaxPending signals pending.
+// run has fewer than MaxPending signals pending (0: no bound).
 type SignalParams struct {
 	Scope, ID, Name string
 	Payload         []byte
@@ -206,7 +207,11 @@ type SignalRow struct {
 // room for one more. ok is false when the run is unknown.
 func (st *Statements) SignalSend(ctx context.Context, q Querier, p SignalParams) (SignalRow, bool, error) {
 	var s SignalRow
-	err := q.QueryRow(ctx, st.waits.signal, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID), p.MaxPending).Scan(&s.State, &s.Awaits,
+	most := p.MaxPending
+	if most <= 0 {
+		most = math.MaxInt32
+	}
+	err := q.QueryRow(ctx, st.waits.signal, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID), most).Scan(&s.State, &s.Awaits,
 		&s.WaitSeq, &s.Created, &s.Seq, &s.Suspended, &s.Pending, &s.Duplicate)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SignalRow{}, false, nil
