@@ -152,6 +152,15 @@
 // of its key (idem.key.hash, key_hash) instead, and Config.RecordKeys the IDs; scopes and
 // workflow names are recorded as they are.
 //
+// # Limits
+//
+// What callers and workflow code hand the engine is bounded by Config: a run's input
+// (MaxInputBytes), a step's output (MaxStepOutputBytes) and a signal's payload
+// (MaxSignalPayloadBytes), 1 MiB of JSON each by default, and the signals waiting in a run's
+// mailbox (MaxPendingSignals, 10,000). Over a limit the answer is a *LimitError naming the limit
+// and its field, and nothing of it is stored; a step whose output is over the limit fails for good
+// at once.
+//
 // # Operating runs
 //
 // Runs can be read without running them ([Engine.RunGet], [Engine.RunList], and

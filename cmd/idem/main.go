@@ -1,10 +1,12 @@
-// Command idem is the operator's command line for idem: it migrates the schema, reads and
+// Command idem is the operator's command line for idem: it migrates the schema, reads, lists and
 // forgets keys of idem.Do, lists, shows, cancels, resumes and forks workflow runs, lists, pauses,
-// resumes, triggers, backfills and deletes schedules, and reaps what has expired. It is a thin shell over the library's own functions (idem.KeyGet, Engine.RunList,
+// resumes, triggers, backfills and deletes schedules, and reaps what has expired. It is a thin
+// shell over the library's own functions (idem.KeyGet, idem.KeyList, Engine.RunList,
 // Engine.RunCancel, ...), so it does exactly what a program calling them would.
 //
 //	idem migrate
 //	idem keys get customer:42 order-7f3a
+//	idem keys list --scope customer:42 --prefix order-
 //	idem runs list --state failed --since 24h
 //	idem runs show merchant:7 payout-1
 //	idem runs resume merchant:7 payout-1
