@@ -105,8 +105,9 @@ type Config struct {
 	// idem.Reap in idemriver's reap job. At least one second; default 1 minute.
 	ReapInterval time.Duration
 
-	// MaxInputBytes bounds a run's input, as JSON: Workflow.Run and StartTx refuse a bigger
-	// one with a *LimitError before anything is stored. Default 1 MiB.
+	// MaxInputBytes bounds a run's input, as JSON: Workflow.Run, StartTx, a child run's start
+	// and Schedule refuse a bigger one with a *LimitError before anything is stored. Default
+	// 1 MiB.
 	MaxInputBytes int
 
 	// MaxStepOutputBytes bounds a step's output, as JSON (steps.Tx's and steps.Call's results,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -66,8 +67,11 @@ func TestLimits(t *testing.T) {
 		require.False(t, ran)
 		err = pgx.BeginFunc(b.ctx, b.pool, func(t pgx.Tx) error { return wf.StartTx(b.ctx, e, t, idem.Key{Scope: "s", ID: "k2"}, big) })
 		require.ErrorIs(t, err, workflow.ErrLimitExceeded)
+		err = wf.Schedule(b.ctx, e, "hourly", big, &workflow.ScheduleOpts{Every: time.Hour})
+		require.ErrorIs(t, err, workflow.ErrLimitExceeded, "every tick's run would get the input")
 		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_runs`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_schedules`))
 		require.Zero(t, b.count(t, `SELECT count(*) FROM river_job`))
 	})
 
