@@ -39,15 +39,17 @@ type config struct {
 	log            *slog.Logger
 	keys           redact.Keys
 
-	reapMax       int64
-	reapBusy      float64
-	reapBatchTime time.Duration
+	reapMax         int64
+	reapBusy        float64
+	reapBatchTime   time.Duration
+	outboxRetention time.Duration
 
 	err error
 }
 
 func newConfig(opts []Option) *config {
-	c := &config{ttl: DefaultTTL, retryAfter: time.Second, maxTries: 10, reapBusy: DefaultReapBusy, reapBatchTime: DefaultReapBatchTime}
+	c := &config{ttl: DefaultTTL, retryAfter: time.Second, maxTries: 10, reapBusy: DefaultReapBusy, reapBatchTime: DefaultReapBatchTime,
+		outboxRetention: DefaultOutboxRetention}
 	for _, o := range opts {
 		o(c)
 	}
@@ -229,6 +231,26 @@ func ReapBatchTime(d time.Duration) Option {
 			return
 		}
 		c.reapBatchTime = d
+	}
+}
+
+// DefaultOutboxRetention is how long [Reap] keeps an outbox message after it was published when
+// no [OutboxRetention] option is given.
+const DefaultOutboxRetention = 24 * time.Hour
+
+// OutboxRetention sets how long [Reap] keeps a message of package outbox after it was published
+// (or after it was written, for one an operator skipped), for operators to look at; then Reap
+// deletes it. Messages not yet published are never reaped, whatever their age. The default is
+// [DefaultOutboxRetention].
+//
+//	n, err := idem.Reap(ctx, pool, idem.OutboxRetention(7*24*time.Hour))
+func OutboxRetention(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Second {
+			c.setErr("OutboxRetention cannot be less than one second (got %s)", d)
+			return
+		}
+		c.outboxRetention = d
 	}
 }
 

@@ -42,10 +42,13 @@ const (
 	DefaultReapBatchTime = 25 * time.Millisecond
 )
 
-// Reap deletes what has expired: keys of [Do] past their [TTL], and finished workflow runs past
-// theirs, with their steps. A run still running is never deleted, whatever its age. It works in
-// short batches, each a statement of its own, oldest expiry first, until nothing expired is
-// left, ctx ends, or [ReapMax] keys are gone; it returns how many keys it deleted.
+// Reap deletes what has expired: keys of [Do] past their [TTL] (the inboxes of package outbox
+// keep theirs there too), finished workflow runs past theirs, with their steps, and outbox
+// messages published longer ago than [OutboxRetention]. A run still running is never deleted,
+// whatever its age, nor an outbox message that is not published (a dead-lettered one waits for
+// an operator). It works in short batches, each a statement of its own, oldest first, until
+// nothing expired is left, ctx ends, or [ReapMax] rows are gone; it returns how many keys, runs
+// and messages it deleted.
 //
 // Reap paces itself so that it does not crowd out the traffic that writes keys: it measures
 // each batch, sizes the next to take about [ReapBatchTime], and rests between batches so that it
@@ -80,21 +83,30 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 		runs, err = r.drain(ctx, func(ctx context.Context, limit int) (int64, error) { return st.ReapRuns(ctx, db, limit) })
 		tel.Reaped.Add(ctx, runs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("run"))))
 	}
+	var msgs int64
+	if err == nil {
+		r.batch, r.what = 500, "outbox"
+		msgs, err = r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
+			return st.ReapOutbox(ctx, db, limit, cfg.outboxRetention.Microseconds())
+		})
+		tel.Reaped.Add(ctx, msgs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("outbox"))))
+	}
 	if span.IsRecording() {
-		span.SetAttributes(attribute.Int64("idem.reaped.do", keys), attribute.Int64("idem.reaped.run", runs))
+		span.SetAttributes(attribute.Int64("idem.reaped.do", keys), attribute.Int64("idem.reaped.run", runs),
+			attribute.Int64("idem.reaped.outbox", msgs))
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		}
 	}
-	return keys + runs, err
+	return keys + runs + msgs, err
 }
 
 type reaper struct {
 	cfg   *config
 	batch int
 	total int64
-	what  string // "do" or "run", for the log
+	what  string // "do", "run" or "outbox", for the log
 }
 
 const (

@@ -5,7 +5,7 @@ import "context"
 // reapStatements are the texts of the statements that delete what has expired, in short
 // batches.
 type reapStatements struct {
-	keys, runs string
+	keys, runs, outbox string
 }
 
 func newReapStatements(t Tables) reapStatements {
@@ -30,6 +30,19 @@ func newReapStatements(t Tables) reapStatements {
 	DELETE FROM {events} v USING runs d WHERE v.scope = d.scope AND v.id = d.id
 )
 SELECT count(*) FROM runs`),
+
+		outbox: t.render(`WITH doomed AS (
+	SELECT id FROM {outbox}
+	WHERE id < (lpad(to_hex((extract(epoch FROM now() - $2::int8 @us) * 1000)::int8), 12, '0') || '70000000000000000000')::uuid
+		AND (published_at < now() - $2::int8 @us OR (status = 'skipped' AND created_at < now() - $2::int8 @us))
+	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+), gone AS (
+	DELETE FROM {outbox} o USING doomed d WHERE o.id = d.id RETURNING o.key, o.seq
+), keys AS (
+	DELETE FROM {outbox_keys} k WHERE k.key IN (
+		SELECT kk.key FROM {outbox_keys} kk JOIN gone g ON g.key = kk.key AND g.seq = kk.seq FOR UPDATE OF kk SKIP LOCKED)
+)
+SELECT count(*) FROM gone`),
 	}
 }
 
@@ -47,5 +60,15 @@ func (st *Statements) ReapKeys(ctx context.Context, q Querier, limit int) (int64
 // never deleted.
 func (st *Statements) ReapRuns(ctx context.Context, q Querier, limit int) (n int64, err error) {
 	err = q.QueryRow(ctx, st.reap.runs, limit).Scan(&n)
+	return n, err
+}
+
+// ReapOutbox deletes up to limit outbox messages published (or skipped by an operator) longer
+// than retention µs ago, oldest id first, and returns how many it deleted; dead-lettered and
+// stopped messages wait for an operator. The ids are UUIDv7, so the scan is a range of the
+// primary key that ends at the retention's time (made from the database's clock). A key's row
+// goes with its newest message, unless a writer holds it right now.
+func (st *Statements) ReapOutbox(ctx context.Context, q Querier, limit int, retentionUS int64) (n int64, err error) {
+	err = q.QueryRow(ctx, st.reap.outbox, limit, retentionUS).Scan(&n)
 	return n, err
 }

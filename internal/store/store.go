@@ -10,7 +10,7 @@
 //
 // Statement texts are built once per Postgres schema and kept, so that the text of a statement is
 // identical on every call and pgx prepares it once per connection. Tables are named in the source
-// as {keys}, {runs}, {steps}, {attempts}, {signals}, {events}, {schedules} and {migrations}, placeholders that
+// as {keys}, {runs}, {steps}, {attempts}, {signals}, {events}, {schedules}, {migrations} and {outbox...}, placeholders that
 // cannot occur in an identifier; For replaces them with the names qualified by the schema, so an
 // identifier that merely contains a table's name (an index, a constraint) is never touched.
 //
@@ -39,6 +39,9 @@ import (
 // Tables are the qualified names of idem's tables in one schema.
 type Tables struct {
 	Keys, Runs, Steps, Attempts, Migrations, Signals, Events, Schedules string
+
+	// The outbox's tables, and its sequence of positions as a string literal (for nextval).
+	Outbox, OutboxKeys, OutboxLanes, OutboxRelays, OutboxPosSeq string
 }
 
 // TablesIn returns the names of idem's tables in schema; "" leaves them unqualified, so that
@@ -51,7 +54,9 @@ func TablesIn(schema string) Tables {
 		return pgx.Identifier{schema, table}.Sanitize()
 	}
 	return Tables{Keys: name("idem_keys"), Runs: name("idem_runs"), Steps: name("idem_steps"), Attempts: name("idem_step_attempts"),
-		Migrations: name("idem_migrations"), Signals: name("idem_signals"), Events: name("idem_events"), Schedules: name("idem_schedules")}
+		Migrations: name("idem_migrations"), Signals: name("idem_signals"), Events: name("idem_events"), Schedules: name("idem_schedules"),
+		Outbox: name("idem_outbox"), OutboxKeys: name("idem_outbox_keys"), OutboxLanes: name("idem_outbox_lanes"),
+		OutboxRelays: name("idem_outbox_relays"), OutboxPosSeq: "'" + strings.ReplaceAll(name("idem_outbox_pos_seq"), "'", "''") + "'"}
 }
 
 // render names t's tables in sql, and spells durations given in microseconds as intervals.
@@ -59,6 +64,8 @@ func (t Tables) render(sql string) string {
 	return strings.NewReplacer(
 		"{keys}", t.Keys, "{runs}", t.Runs, "{steps}", t.Steps, "{attempts}", t.Attempts, "{migrations}", t.Migrations,
 		"{signals}", t.Signals, "{events}", t.Events, "{schedules}", t.Schedules,
+		"{outbox}", t.Outbox, "{outbox_keys}", t.OutboxKeys, "{outbox_lanes}", t.OutboxLanes, "{outbox_relays}", t.OutboxRelays,
+		"{outbox_pos_seq}", t.OutboxPosSeq,
 		"@us", "* interval '1 microsecond'",
 	).Replace(sql)
 }
@@ -68,6 +75,7 @@ func (t Tables) render(sql string) string {
 // steps.go, waits.go and admin.go (runs).
 type Statements struct {
 	Tables Tables
+	Outbox OutboxStatements
 
 	schema      string
 	keys        keyStatements
@@ -92,7 +100,8 @@ func For(schema string) *Statements {
 	t := TablesIn(schema)
 	s := &Statements{Tables: t, schema: schema, keys: newKeyStatements(t), keyAdmin: newKeyAdminStatements(t), reap: newReapStatements(t), runs: newRunStatements(t),
 		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t),
-		children: newChildStatements(t), concurrency: newConcurrencyStatements(t), sched: newScheduleStatements(t)}
+		children: newChildStatements(t), concurrency: newConcurrencyStatements(t), sched: newScheduleStatements(t),
+		Outbox: outboxStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }
