@@ -39,9 +39,10 @@ type OutboxStatements struct {
 	// Start reads where a relay begins: the highest position, with the snapshot it was read in.
 	Start string
 
-	// Fetch is the relay's read: the snapshot of the statement, then the unsettled messages of
-	// the live lanes past the cursor in position order, then the unsettled messages, at or below
-	// the cursor, of transactions that were in progress at earlier reads (they committed since).
+	// Fetch is the relay's read: the snapshot of the statement with the highest position it sees,
+	// then the unsettled messages of the live lanes past the cursor in position order, then the
+	// unsettled messages, at or below the cursor, of transactions that were in progress at
+	// earlier reads (they committed since).
 	// $1 cursor, $2 xids to look for, $3 limit, $4 number of lanes, $5 live lanes, $6 owned lanes.
 	Fetch string
 
@@ -139,7 +140,7 @@ ORDER BY u.n`),
 		Start: t.render(`SELECT coalesce((SELECT max(pos) FROM {outbox}), 0), pg_current_snapshot()::text`),
 
 		Fetch: t.render(`WITH s AS MATERIALIZED (SELECT pg_current_snapshot()::text AS snap, (extract(epoch FROM now()) * 1000000)::int8 AS now)
-SELECT 0, s.snap, s.now, 0::int8, NULL::uuid, '', '', 0::int8, 0, NULL::bytea, NULL::jsonb, 0::int8, NULL::timestamptz, 0, '', '' FROM s
+SELECT 0, s.snap, s.now, (SELECT coalesce(max(pos), 0) FROM {outbox}), NULL::uuid, '', '', 0::int8, 0, NULL::bytea, NULL::jsonb, 0::int8, NULL::timestamptz, 0, '', '' FROM s
 UNION ALL
 (SELECT 1, '', 0, ` + outboxColumns + ` FROM {outbox}
 	WHERE pos > $1 AND ` + unsettled + ` AND hash % $4 = ANY($5::int4[]) ORDER BY pos LIMIT $3)
@@ -395,6 +396,7 @@ type OutboxFetchParams struct {
 type OutboxFetched struct {
 	Snapshot Snapshot
 	NowUS    int64 // the database's clock
+	MaxPos   int64 // the highest position visible to the snapshot
 	New      []OutboxRow
 	Late     []OutboxRow
 }
@@ -423,7 +425,7 @@ func OutboxFetch(ctx context.Context, q Querier, st *Statements, p OutboxFetchPa
 		}
 		switch src {
 		case 0:
-			out.NowUS = now
+			out.NowUS, out.MaxPos = now, r.Pos
 			if out.Snapshot, err = ParseSnapshot(snap); err != nil {
 				return OutboxFetched{}, err
 			}
