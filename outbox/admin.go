@@ -215,3 +215,24 @@ func Lanes(ctx context.Context, db Querier, opts ...Option) ([]LaneInfo, error) 
 	}
 	return out, nil
 }
+
+// Counts counts the outbox's messages by status. It reads the whole table: for operators and
+// tests, not for a hot path.
+//
+//	n, err := outbox.Counts(ctx, pool)
+//	fmt.Println(n[outbox.StatusPending], "to publish,", n[outbox.StatusStopped], "stopped")
+func Counts(ctx context.Context, db Querier, opts ...Option) (map[Status]int64, error) {
+	cfg := newConfig(opts)
+	if cfg.err != nil {
+		return nil, cfg.err
+	}
+	counts, err := store.OutboxCounts(ctx, db, store.For(cfg.schema))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: error counting messages: %w", err)
+	}
+	out := make(map[Status]int64, len(counts))
+	for s, n := range counts {
+		out[Status(s)] = n
+	}
+	return out, nil
+}

@@ -46,7 +46,7 @@ func (l *loop) fetch(ctx context.Context) {
 	if len(owned) == 0 {
 		return
 	}
-	p := store.OutboxFetchParams{Cursor: l.cursor, Limit: l.room(), Lanes: l.lanes, Live: live, Owned: owned}
+	p := store.OutboxFetchParams{Cursor: l.cursor, Limit: l.room(), Lanes: l.lanes, Live: live, Owned: owned, From: l.unlisted}
 	for x := range l.remembered {
 		p.Late = append(p.Late, x)
 	}
@@ -88,22 +88,13 @@ func (l *loop) fetched(p store.OutboxFetchParams, f store.OutboxFetched, err err
 	}
 	l.add(f.New, f.NowUS, at, epoch)
 	l.add(f.Late, f.NowUS, at, epoch)
-	for x := range l.remembered {
-		if !f.Snapshot.InProgress(x) {
-			delete(l.remembered, x) // over: its messages, if any, were in this read
-		}
-	}
-	for _, x := range f.Snapshot.Xip {
-		if _, ok := l.remembered[x]; !ok {
-			l.remembered[x] = p.Cursor
-		}
-	}
 	full := len(f.New) == p.Limit
 	if full {
 		l.cursor = f.New[len(f.New)-1].Pos
 	} else {
 		l.cursor = max(l.cursor, f.MaxPos)
 	}
+	l.track(f.Snapshot)
 	switch {
 	case full:
 		l.pollWait, l.nextPoll = time.Millisecond, now
@@ -114,6 +105,56 @@ func (l *loop) fetched(p store.OutboxFetchParams, f store.OutboxFetched, err err
 		l.pollWait = min(l.pollWait*2, l.r.cfg.PollInterval)
 		l.nextPoll = now.Add(l.pollWait)
 	}
+}
+
+// goLive has ln read past the cursor from now on, once it has caught up with it. Not while a
+// read past the cursor is out: that read leaves ln out, yet moves the cursor.
+func (l *loop) goLive(ln *lane) {
+	if l.fetching {
+		return
+	}
+	ln.catching = false
+	l.readyLane(ln.id)
+}
+
+// track follows the transactions in progress after a read whose snapshot was snap (and which
+// moved the cursor): those over are forgotten (their messages, if any, were in the read), those
+// listed are remembered with a bound below their positions, and those from snap.Xmax on, which
+// Postgres does not list, are covered as a range.
+func (l *loop) track(snap store.Snapshot) {
+	for x := range l.remembered {
+		if !snap.InProgress(x) {
+			delete(l.remembered, x)
+		}
+	}
+	for _, x := range snap.Xip {
+		if _, ok := l.remembered[x]; !ok {
+			l.remembered[x] = l.boundOf(x)
+		}
+	}
+	l.unlisted = snap.Xmax
+	l.marks = append(l.marks, xidMark{next: snap.Next, cursor: l.cursor})
+	l.unlistedPos = l.boundOf(snap.Xmax)
+	// Keep the newest mark at or below the range's start, and the ones after it.
+	keep := 0
+	for i, m := range l.marks {
+		if m.next <= l.unlisted {
+			keep = i
+		}
+	}
+	l.marks = l.marks[keep:]
+}
+
+// boundOf is a position below every message of the transaction xid, as far as the loop knows:
+// the cursor of the newest read that began before xid was assigned.
+func (l *loop) boundOf(xid uint64) int64 {
+	bound := l.unlistedPos
+	for _, m := range l.marks {
+		if m.next <= xid {
+			bound = max(bound, m.cursor)
+		}
+	}
+	return bound
 }
 
 // catchUp reads the lanes that are catching up, from the lowest position they have reached to
@@ -128,8 +169,7 @@ func (l *loop) catchUp(ctx context.Context) {
 			continue
 		}
 		if ln.catchPos >= l.cursor {
-			ln.catching = false
-			l.readyLane(id)
+			l.goLive(ln)
 			continue
 		}
 		if len(which) == 0 || ln.catchPos < from {
@@ -173,7 +213,7 @@ func (l *loop) caughtUp(which []int32, from, to int64, limit int, rows []store.O
 		}
 		ln.catchPos = max(ln.catchPos, reached)
 		if ln.catchPos >= l.cursor {
-			ln.catching = false
+			l.goLive(ln)
 		}
 		l.readyLane(id)
 	}

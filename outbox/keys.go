@@ -34,7 +34,8 @@ type keyState struct {
 	lane     int32
 	queue    []*entry
 	inflight *entry
-	attempts int // failed attempts of the head
+	flyLane  *lane // the lane inflight was published from, which counts it
+	attempts int   // failed attempts of the head
 	retryAt  time.Time
 	ready    bool // in l.ready
 	waiting  bool // in l.later
@@ -58,7 +59,11 @@ func (l *loop) add(rows []store.OutboxRow, nowUS int64, at time.Time, epoch int6
 	for i := range rows {
 		row := rows[i]
 		ln := l.owned[row.Hash%int32(l.lanes)]
-		if ln == nil || ln.draining || l.inFlightIDs[row.ID] {
+		if ln != nil && ln.draining {
+			ln.drop(row.Pos) // its next owner reads it
+			continue
+		}
+		if ln == nil || l.inFlightIDs[row.ID] {
 			continue
 		}
 		if stamp, ok := l.acked[row.ID]; ok && (stamp == 0 || stamp > epoch) {
@@ -181,7 +186,8 @@ func (l *loop) publish(now time.Time) bool {
 		ks.queue = ks.queue[1:]
 		ks.inflight = e
 		l.inFlightIDs[e.row.ID] = true
-		l.owned[ks.lane].inflight++
+		ks.flyLane = l.owned[ks.lane]
+		ks.flyLane.inflight++
 		keys = append(keys, ks)
 		batch = append(batch, &Envelope{ID: uuid.UUID(e.row.ID), Topic: e.row.Topic, Key: e.row.Key, Seq: e.row.Seq,
 			Payload: e.row.Payload, Headers: e.row.Headers, Created: time.UnixMicro(e.row.CreatedUS), Attempt: ks.attempts + 1})
@@ -230,11 +236,9 @@ func (l *loop) published(keys []*keyState, errs []error) {
 		ks.inflight = nil
 		delete(l.inFlightIDs, e.row.ID)
 		l.pending--
+		ks.flyLane.inflight--
 		ln := l.owned[ks.lane]
-		if ln != nil {
-			ln.inflight--
-		}
-		if ln == nil || l.keys[ks.id] != ks {
+		if ln != ks.flyLane || l.keys[ks.id] != ks {
 			continue // the lane was lost meanwhile; its new owner publishes again
 		}
 		var err error
@@ -367,19 +371,22 @@ func (l *loop) written(ws []write, held []store.LaneToken, still []int32, err er
 	}
 	l.writeFails = 0
 	l.readEpoch++
-	for _, w := range ws {
-		if w.Published {
-			if _, ok := l.acked[w.ID]; ok {
-				l.acked[w.ID] = l.readEpoch
-			}
-		}
-	}
 	kept := map[int32]bool{}
 	for _, ln := range still {
 		kept[ln] = true
 	}
+	for _, w := range ws {
+		if _, ok := l.acked[w.ID]; !ok || !w.Published {
+			continue
+		}
+		if kept[w.Lane] {
+			l.acked[w.ID] = l.readEpoch
+		} else {
+			delete(l.acked, w.ID) // not recorded: whoever owns the lane publishes it again
+		}
+	}
 	for _, h := range held {
-		if ln := l.owned[h.Lane]; ln != nil && ln.token == h.Token && !kept[h.Lane] {
+		if ln := l.owned[h.Lane]; ln != nil && ln.token == h.Token && !kept[h.Lane] && !ln.draining {
 			l.lose(ln, "a write found its lease gone")
 		}
 	}

@@ -21,6 +21,7 @@ type lane struct {
 	catchPos int64
 
 	draining   bool      // being given up: nothing more is published from it
+	dropped    int64     // the lowest position let go of while draining (0 for none)
 	validUntil time.Time // the lease, by this process's clock, less a margin
 	inflight   int
 	lag        time.Duration
@@ -31,6 +32,7 @@ type tickResult struct {
 	started   time.Time
 	err       error
 	target    int
+	live      []string
 	renewed   []store.LaneRewind
 	acquired  []store.LaneRewind
 	released  []int32
@@ -79,7 +81,7 @@ func (l *loop) tick(ctx context.Context) {
 			l.post(func() { l.ticked(res) })
 			return
 		}
-		res.target = share(live, cfg.Name, lanes)
+		res.target, res.live = share(live, cfg.Name, lanes), live
 		keep := 0
 		for _, rn := range res.renewed {
 			if !draining[rn.Lane] {
@@ -181,13 +183,14 @@ func (l *loop) ticked(res tickResult) {
 		} else {
 			l.cursor, l.cursorValid = res.cursor, true
 			clear(l.remembered)
+			// Transactions in progress at the start may hold any position the lanes' floors
+			// allow.
 			bound := res.cursor
 			for _, a := range res.acquired {
 				bound = min(bound, a.Floor)
 			}
-			for _, x := range res.snapshot.Xip {
-				l.remembered[x] = bound
-			}
+			l.unlistedPos, l.marks = bound, nil
+			l.track(res.snapshot)
 		}
 	}
 	for _, a := range res.acquired {
@@ -199,6 +202,10 @@ func (l *loop) ticked(res tickResult) {
 		cfg.Logger.Debug("outbox: relay took a lane", "relay", cfg.Name, "lane", a.Lane, "from", from)
 	}
 	if res.err == nil {
+		if res.target != l.target {
+			cfg.Logger.Debug("outbox: relay's share of the lanes", "relay", cfg.Name, "lanes", res.target, "relays", res.live)
+			l.target = res.target
+		}
 		l.rebalance(res.target)
 	}
 	if len(l.owned) == 0 {
@@ -229,15 +236,35 @@ func (l *loop) rebalance(target int) {
 // given up once its batches in flight are back and recorded.
 func (l *loop) drain(ln *lane) {
 	ln.draining = true
+	// Nothing past the cursor (or past where a catch-up got) was read: the next owner starts
+	// there at the latest, and earlier where this loop lets go of something.
+	if ln.catching {
+		ln.drop(ln.catchPos + 1)
+	} else {
+		ln.drop(l.cursor + 1)
+	}
 	for id, ks := range l.keys {
 		if ks.lane != ln.id {
 			continue
+		}
+		if len(ks.queue) > 0 {
+			ln.drop(ks.queue[0].row.Pos)
+		}
+		if ks.gapFrom > 0 {
+			ln.drop(ks.gapFrom)
 		}
 		l.pending -= len(ks.queue)
 		ks.queue = nil
 		if ks.inflight == nil {
 			delete(l.keys, id)
 		}
+	}
+}
+
+// drop notes that the message at pos was let go of.
+func (ln *lane) drop(pos int64) {
+	if ln.dropped == 0 || pos < ln.dropped {
+		ln.dropped = pos
 	}
 }
 

@@ -28,7 +28,10 @@ type loop struct {
 	// Reading.
 	cursorValid  bool             // cursor and remembered are current (false while holding no lane)
 	cursor       int64            // every position up to here was read (or belongs to remembered)
-	remembered   map[uint64]int64 // xids in progress at the last read -> a position below theirs
+	remembered   map[uint64]int64 // xids listed in progress at the last read -> a position below theirs
+	unlisted     uint64           // xids from here on may be in progress without being listed
+	unlistedPos  int64            // a position below those of the unlisted xids
+	marks        []xidMark        // recent reads: xids from next on began after cursor was read
 	fetching     bool
 	catching     bool
 	catchRetryAt time.Time
@@ -55,9 +58,17 @@ type loop struct {
 	// Lanes.
 	ticking  bool
 	nextTick time.Time
+	target   int // the share of lanes, as last found
 	tickFail int
 
 	stopping bool
+}
+
+// xidMark pairs a read's next xid with the cursor it reached: a transaction whose xid is at
+// least next began after that read's snapshot, so its positions lie past cursor.
+type xidMark struct {
+	next   uint64
+	cursor int64
 }
 
 // write is what will be recorded of a message, with where it sits.
@@ -101,11 +112,14 @@ func (l *loop) run(ctx context.Context) error {
 
 // nextWake is the earliest moment something is due.
 func (l *loop) nextWake() time.Time {
-	wake := l.nextTick
+	wake := time.Now().Add(time.Second)
 	consider := func(t time.Time) {
 		if !t.IsZero() && t.Before(wake) {
 			wake = t
 		}
+	}
+	if !l.ticking {
+		consider(l.nextTick)
 	}
 	if !l.fetching && l.cursorValid {
 		consider(l.nextPoll)
@@ -136,6 +150,7 @@ func (l *loop) schedule(ctx context.Context) {
 	}
 	for len(l.later) > 0 && !l.later[0].retryAt.After(now) {
 		ks := heap.Pop(&l.later).(*keyState)
+		ks.waiting = false
 		l.makeReady(ks)
 	}
 	if !l.fetching && l.cursorValid && len(l.owned) > 0 && !now.Before(l.nextPoll) && l.room() > 0 {
@@ -220,6 +235,10 @@ func (l *loop) floor(ln *lane) int64 {
 	}
 	for _, bound := range l.remembered {
 		note(bound + 1)
+	}
+	note(l.unlistedPos + 1)
+	if ln.dropped > 0 {
+		note(ln.dropped)
 	}
 	for _, ks := range l.keys {
 		if ks.lane != ln.id {

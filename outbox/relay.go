@@ -135,6 +135,9 @@ func (r *Relay) initLanes(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("outbox: error making the outbox's lanes: %w", err)
 		}
 	}
+	if n < 1 {
+		return 0, errors.New("outbox: the outbox has no lanes; another relay is making them, or idem_outbox_lanes was emptied by hand: start the relay again")
+	}
 	if r.cfg.Lanes != 0 && n != r.cfg.Lanes {
 		return 0, fmt.Errorf("outbox: RelayOpts.Lanes is %d, but the outbox has %d lanes, made by the first relay that ran on this database; give every relay the same number, or 0 to take the outbox's", r.cfg.Lanes, n)
 	}

@@ -36,14 +36,17 @@ type OutboxStatements struct {
 	// hashes, $5 followers, $6 payloads, $7 headers, $8 distinct keys, $9 their counts.
 	AppendBatch string
 
-	// Start reads where a relay begins: the highest position, with the snapshot it was read in.
+	// Start reads where a relay begins: the highest position, with the snapshot it was read in
+	// and the next xid.
 	Start string
 
-	// Fetch is the relay's read: the snapshot of the statement with the highest position it sees,
-	// then the unsettled messages of the live lanes past the cursor in position order, then the
-	// unsettled messages, at or below the cursor, of transactions that were in progress at
-	// earlier reads (they committed since).
-	// $1 cursor, $2 xids to look for, $3 limit, $4 number of lanes, $5 live lanes, $6 owned lanes.
+	// Fetch is the relay's read: the snapshot of the statement with the highest position it sees
+	// and the next xid (see snapshotNow), then the unsettled messages of the live lanes past the
+	// cursor in position order, then the unsettled messages, at or below the cursor, of
+	// transactions that were in progress at earlier reads (they committed since): those listed
+	// in $2, and every xid from $7 on (the last snapshot's xmax, above which in-progress
+	// transactions are not listed). $1 cursor, $2 xids, $3 limit, $4 number of lanes, $5 live
+	// lanes, $6 owned lanes, $7 lowest xid not listed.
 	Fetch string
 
 	// CatchUp reads a range of positions of some lanes, for a relay that took them over or was
@@ -58,8 +61,13 @@ type OutboxStatements struct {
 	// the lanes still held and how many messages were written.
 	Write string
 
-	// LanesInit creates lanes 0..$1-1 if there are none yet, and returns how many there are.
+	// LanesInit creates lanes 0..$1-1 if there are none yet. Two relays that start at once both
+	// insert; the second waits for the first's rows and skips them.
 	LanesInit string
+
+	// LanesCount counts the lanes; sent after LanesInit committed, it sees the lanes of a relay
+	// that made them first.
+	LanesCount string
 
 	// Heartbeat renews this relay's row ($1 owner, $2 lease µs) and lists the live relays, this
 	// one included, by name.
@@ -94,6 +102,10 @@ type OutboxStatements struct {
 	// Lanes reads the lanes, with the oldest unsettled message of each, for operators.
 	Lanes string
 
+	// Counts counts the messages by status (pending, published, stopped, dead, skipped). It reads
+	// the whole table.
+	Counts string
+
 	// list statements, by status filter; see OutboxList.
 	listAttention, listStatus, listPending, listPublished, listAll string
 }
@@ -101,6 +113,15 @@ type OutboxStatements struct {
 // outboxColumns are what an OutboxRow scans, in order.
 const outboxColumns = `pos, id, topic, key, coalesce(seq, 0), hash, payload, headers,
 	(extract(epoch FROM created_at) * 1000000)::int8, published_at, attempts, coalesce(last_error, ''), coalesce(status, '')`
+
+// snapshotNow is the statement's snapshot, the database's clock in µs, and the next xid to be
+// assigned (read after the snapshot was taken, so an upper bound of the xids assigned before it).
+// A snapshot's xmax is not that: it is one past the latest completed xid, and a transaction
+// that began earlier but holds a higher xid is in progress without being listed. age() of a
+// transaction without an xid counts from the next xid, which gives it without assigning one.
+const snapshotNow = `SELECT s::text AS snap, (extract(epoch FROM now()) * 1000000)::int8 AS now,
+	CASE WHEN m % 4294967296 >= 3 THEN m + age((m % 4294967296)::text::xid) ELSE pg_snapshot_xmax(s)::text::int8 END AS next
+FROM (SELECT pg_current_snapshot() AS s) c, LATERAL (SELECT pg_snapshot_xmin(c.s)::text::int8 AS m) x`
 
 // unsettled is a message the relay still has to publish: not published, not set aside.
 const unsettled = `published_at IS NULL AND (status IS NULL OR status = 'stopped')`
@@ -137,16 +158,18 @@ FROM x CROSS JOIN unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::int
 LEFT JOIN k ON k.key = u.key
 ORDER BY u.n`),
 
-		Start: t.render(`SELECT coalesce((SELECT max(pos) FROM {outbox}), 0), pg_current_snapshot()::text`),
+		Start: t.render(`WITH s AS MATERIALIZED (` + snapshotNow + `)
+SELECT coalesce((SELECT max(pos) FROM {outbox}), 0), s.snap, s.next FROM s`),
 
-		Fetch: t.render(`WITH s AS MATERIALIZED (SELECT pg_current_snapshot()::text AS snap, (extract(epoch FROM now()) * 1000000)::int8 AS now)
-SELECT 0, s.snap, s.now, (SELECT coalesce(max(pos), 0) FROM {outbox}), NULL::uuid, '', '', 0::int8, 0, NULL::bytea, NULL::jsonb, 0::int8, NULL::timestamptz, 0, '', '' FROM s
+		Fetch: t.render(`WITH s AS MATERIALIZED (` + snapshotNow + `)
+SELECT 0, s.snap, s.now, (SELECT coalesce(max(pos), 0) FROM {outbox}), NULL::uuid, '', '', s.next, 0, NULL::bytea, NULL::jsonb, 0::int8, NULL::timestamptz, 0, '', '' FROM s
 UNION ALL
 (SELECT 1, '', 0, ` + outboxColumns + ` FROM {outbox}
 	WHERE pos > $1 AND ` + unsettled + ` AND hash % $4 = ANY($5::int4[]) ORDER BY pos LIMIT $3)
 UNION ALL
 SELECT 2, '', 0, ` + outboxColumns + ` FROM {outbox}
-	WHERE xid = ANY($2::int8[]::text[]::xid8[]) AND pos <= $1 AND ` + unsettled + ` AND hash % $4 = ANY($6::int4[])`),
+	WHERE (xid = ANY($2::int8[]::text[]::xid8[]) OR xid >= $7::int8::text::xid8) AND pos <= $1 AND ` + unsettled + `
+		AND hash % $4 = ANY($6::int4[])`),
 
 		CatchUp: t.render(`SELECT ` + outboxColumns + `, (extract(epoch FROM now()) * 1000000)::int8 FROM {outbox}
 WHERE pos > $1 AND pos <= $2 AND ` + unsettled + ` AND hash % $4 = ANY($5::int4[]) ORDER BY pos LIMIT $3`),
@@ -164,11 +187,10 @@ WHERE pos > $1 AND pos <= $2 AND ` + unsettled + ` AND hash % $4 = ANY($5::int4[
 )
 SELECT coalesce((SELECT array_agg(lane) FROM held), '{}'), (SELECT count(*) FROM w)`),
 
-		LanesInit: t.render(`WITH made AS (
-	INSERT INTO {outbox_lanes} (lane) SELECT generate_series(0, $1 - 1) WHERE NOT EXISTS (SELECT FROM {outbox_lanes})
-	ON CONFLICT DO NOTHING RETURNING 1
-)
-SELECT (SELECT count(*) FROM made) + (SELECT count(*) FROM {outbox_lanes})`),
+		LanesInit: t.render(`INSERT INTO {outbox_lanes} (lane) SELECT generate_series(0, $1 - 1) WHERE NOT EXISTS (SELECT FROM {outbox_lanes})
+ON CONFLICT DO NOTHING`),
+
+		LanesCount: t.render(`SELECT count(*) FROM {outbox_lanes}`),
 
 		Heartbeat: t.render(`WITH me AS (
 	INSERT INTO {outbox_relays} (owner, expires_at) VALUES ($1, now() + $2::int8 @us)
@@ -214,6 +236,9 @@ WHERE lane = $2 % (SELECT count(*) FROM {outbox_lanes})`),
 	(SELECT min(o.created_at) FROM {outbox} o WHERE o.pos > l.floor AND ` + unsettled + `
 		AND o.hash % (SELECT count(*) FROM {outbox_lanes}) = l.lane)
 FROM {outbox_lanes} l ORDER BY l.lane`),
+
+		Counts: t.render(`SELECT CASE WHEN published_at IS NOT NULL THEN 'published' ELSE coalesce(status, 'pending') END, count(*)
+FROM {outbox} GROUP BY 1`),
 
 		listAttention: list(`status IS NOT NULL`),
 		listStatus:    list(`status = $5`),
@@ -323,11 +348,14 @@ func (u *uuidDest) ScanUUID(v pgtype.UUID) error {
 	return nil
 }
 
-// Snapshot is a Postgres snapshot (pg_snapshot): transactions below Xmin are over, those at or
-// above Xmax had not begun, and those in Xip were in progress.
+// Snapshot is a Postgres snapshot (pg_snapshot): transactions below Xmin are over, those in
+// Xip were in progress, those at or above Xmax were in progress or had not begun (Postgres lists
+// only xids below Xmax, one past the latest completed). Next, when read, is the next xid to be
+// assigned, read after the snapshot: every xid assigned before the snapshot is below it.
 type Snapshot struct {
 	Xmin, Xmax uint64
 	Xip        []uint64
+	Next       uint64
 }
 
 // ParseSnapshot reads pg_snapshot's text form, "xmin:xmax:xip,xip,...".
@@ -374,11 +402,13 @@ func OutboxStart(ctx context.Context, q Querier, st *Statements) (int64, Snapsho
 	var (
 		pos  int64
 		snap string
+		next int64
 	)
-	if err := q.QueryRow(ctx, st.Outbox.Start).Scan(&pos, &snap); err != nil {
+	if err := q.QueryRow(ctx, st.Outbox.Start).Scan(&pos, &snap, &next); err != nil {
 		return 0, Snapshot{}, err
 	}
 	s, err := ParseSnapshot(snap)
+	s.Next = uint64(next)
 	return pos, s, err
 }
 
@@ -390,6 +420,7 @@ type OutboxFetchParams struct {
 	Lanes  int     // number of lanes
 	Live   []int32 // lanes read past the cursor
 	Owned  []int32 // lanes whose late messages are read (live and catching up)
+	From   uint64  // every xid from here on may be in progress unlisted (the last Xmax)
 }
 
 // OutboxFetched is what Fetch read.
@@ -407,7 +438,7 @@ func OutboxFetch(ctx context.Context, q Querier, st *Statements, p OutboxFetchPa
 	for i, x := range p.Late {
 		late[i] = int64(x)
 	}
-	rows, err := q.Query(ctx, st.Outbox.Fetch, p.Cursor, late, p.Limit, p.Lanes, p.Live, p.Owned)
+	rows, err := q.Query(ctx, st.Outbox.Fetch, p.Cursor, late, p.Limit, p.Lanes, p.Live, p.Owned, int64(p.From))
 	if err != nil {
 		return OutboxFetched{}, err
 	}
@@ -429,6 +460,7 @@ func OutboxFetch(ctx context.Context, q Querier, st *Statements, p OutboxFetchPa
 			if out.Snapshot, err = ParseSnapshot(snap); err != nil {
 				return OutboxFetched{}, err
 			}
+			out.Snapshot.Next = uint64(r.Seq)
 		case 1:
 			out.New = append(out.New, r)
 		default:
@@ -510,10 +542,14 @@ func laneArrays(ls []LaneToken) ([]int32, []pgtype.UUID, []int64) {
 	return lanes, tokens, floors
 }
 
-// OutboxLanesInit creates n lanes if there are none, and returns how many lanes there are.
+// OutboxLanesInit creates n lanes if there are none, and returns how many lanes there are. q must
+// not be a transaction: the count is read after the insert committed.
 func OutboxLanesInit(ctx context.Context, q Querier, st *Statements, n int) (int, error) {
+	if _, err := q.Exec(ctx, st.Outbox.LanesInit, n); err != nil {
+		return 0, err
+	}
 	var count int
-	err := q.QueryRow(ctx, st.Outbox.LanesInit, n).Scan(&count)
+	err := q.QueryRow(ctx, st.Outbox.LanesCount).Scan(&count)
 	return count, err
 }
 
@@ -671,4 +707,25 @@ func OutboxLanes(ctx context.Context, q Querier, st *Statements) ([]OutboxLane, 
 		var l OutboxLane
 		return l, row.Scan(&l.Lane, &l.Owner, &l.Expires, &l.Floor, &l.Oldest)
 	})
+}
+
+// OutboxCounts counts the messages by status.
+func OutboxCounts(ctx context.Context, q Querier, st *Statements) (map[string]int64, error) {
+	rows, err := q.Query(ctx, st.Outbox.Counts)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var (
+			s string
+			n int64
+		)
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, err
+		}
+		out[s] = n
+	}
+	return out, rows.Err()
 }
