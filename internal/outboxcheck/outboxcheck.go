@@ -149,7 +149,8 @@ func (l *Ledger) Check(want []uuid.UUID) Report {
 type Writer struct {
 	DB      tx.Beginner
 	Topic   string
-	Keys    int // messages go to keys "k0".."k<Keys-1>"; 0 means no key
+	Keys    int    // messages go to keys "k0".."k<Keys-1>"; 0 means no key
+	Prefix  string // goes before "k" in the keys
 	PerTx   int // messages per transaction; default 1
 	Payload []byte
 	Opts    []outbox.Option
@@ -165,7 +166,7 @@ func (w *Writer) Write(ctx context.Context, n int) ([]uuid.UUID, error) {
 		for i := range batch {
 			batch[i] = outbox.Message{Topic: w.Topic, Payload: w.Payload}
 			if w.Keys > 0 {
-				batch[i].Key = "k" + strconv.Itoa(rand.IntN(w.Keys))
+				batch[i].Key = w.Prefix + "k" + strconv.Itoa(rand.IntN(w.Keys))
 			}
 		}
 		var ids []uuid.UUID
