@@ -1,7 +1,8 @@
 // Command idem is the operator's command line for idem: it migrates the schema, reads, lists and
 // forgets keys of idem.Do, lists, shows, cancels, resumes and forks workflow runs, lists, pauses,
-// resumes, triggers, backfills and deletes schedules, and reaps what has expired. It is a thin
-// shell over the library's own functions (idem.KeyGet, idem.KeyList, Engine.RunList,
+// resumes, triggers, backfills and deletes schedules, lists, shows, retries and skips outbox
+// messages, and reaps what has expired. It is a thin shell over the library's own functions
+// (idem.KeyGet, idem.KeyList, Engine.RunList,
 // Engine.RunCancel, ...), so it does exactly what a program calling them would.
 //
 //	idem migrate
@@ -12,6 +13,8 @@
 //	idem runs resume merchant:7 payout-1
 //	idem runs list --attr customer=c-42
 //	idem schedules pause nightly-settlement --note "bank holiday"
+//	idem outbox list --status stopped
+//	idem outbox retry 01937b9e-5a4c-7c3e-9b6e-2f1d4c5a6b7c
 //
 // Every command takes --database-url (default $DATABASE_URL), --schema (idem's Postgres schema,
 // as given to idem.Migrate) and --json (machine-readable output instead of aligned tables), and
@@ -91,6 +94,7 @@ type call struct {
 	list        listFlags
 	sched       scheduleFlags
 	keyList     keyListFlags
+	outbox      outboxFlags
 }
 
 // usageError is a wrong command line: exit code 2.
@@ -101,7 +105,8 @@ func (e *usageError) Error() string { return e.msg }
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
 var commands = []*command{migrateCmd, keysGetCmd, keysListCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, reapCmd,
-	schedulesListCmd, schedulesShowCmd, schedulesPauseCmd, schedulesResumeCmd, schedulesTriggerCmd, schedulesBackfillCmd, schedulesDeleteCmd}
+	schedulesListCmd, schedulesShowCmd, schedulesPauseCmd, schedulesResumeCmd, schedulesTriggerCmd, schedulesBackfillCmd, schedulesDeleteCmd,
+	outboxListCmd, outboxShowCmd, outboxRetryCmd, outboxSkipCmd}
 
 func run(ctx context.Context, argv []string, stdout, stderr io.Writer) int {
 	if len(argv) == 0 {
