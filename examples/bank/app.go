@@ -65,6 +65,16 @@ CREATE TABLE IF NOT EXISTS bank_notifications (
     ref          text NOT NULL,
     delivered_at timestamptz NOT NULL DEFAULT now()
 );
+-- The ledger service's record of completed transfers, written by its inbox from the
+-- transfer.completed events the bank publishes through idem's outbox.
+CREATE TABLE IF NOT EXISTS bank_ledger_events (
+    message_id  text NOT NULL,
+    transfer_id bigint NOT NULL,
+    scope       text NOT NULL,
+    idem_key    text NOT NULL,
+    amount      bigint NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now()
+);
 -- The payment provider's own table: in real life another company's database.
 CREATE TABLE IF NOT EXISTS provider_charges (
     idem_key   text PRIMARY KEY,
@@ -82,6 +92,7 @@ type app struct {
 	river    *river.Client[pgx.Tx]
 	payout   *workflow.Workflow[payoutInput, payoutReceipt]
 	provider *provider
+	events   *events
 	crash    *crashPoints
 	log      *slog.Logger
 	url      string
@@ -177,9 +188,15 @@ func start(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *slog.
 		a.provider.close()
 		return nil, fmt.Errorf("error starting River: %w", err)
 	}
+	if a.events, err = startEvents(ctx, pool, logger); err != nil {
+		a.stopRiver()
+		a.provider.close()
+		return nil, err
+	}
 
 	ln, err := net.Listen("tcp", opts.addr)
 	if err != nil {
+		a.events.close()
 		a.stopRiver()
 		a.provider.close()
 		return nil, fmt.Errorf("error listening on %s: %w", opts.addr, err)
@@ -189,6 +206,7 @@ func start(ctx context.Context, pool *pgxpool.Pool, opts *options, logger *slog.
 	handler, err := a.routes()
 	if err != nil {
 		_ = ln.Close()
+		a.events.close()
 		a.stopRiver()
 		a.provider.close()
 		return nil, err
@@ -211,13 +229,14 @@ func (a *app) stopRiver() {
 }
 
 // stop shuts the server down first, so that no request starts work River would not finish,
-// then River and the provider.
+// then River, the outbox's relay and consumer, and the provider.
 func (a *app) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = a.srv.Shutdown(ctx)
 	<-a.served
 	a.stopRiver()
+	a.events.close()
 	a.provider.close()
 }
 

@@ -9,19 +9,21 @@ import (
 
 // ledger is what the database says happened, counted, never taken from responses.
 type ledger struct {
-	Opening, Balances, Held, PaidOut int64 // money in, on accounts, held for payouts, gone out
-	HeldForPayouts                   int64 // sum of the payouts still reserved
-	Transfers, Declined              int64 // transfer rows by status
-	MaxRowsPerTransferKey            int64
-	Payouts                          map[string]int64 // payout rows by status
-	MaxRowsPerPayoutKey              int64
-	Charges                          int64 // provider charges made (status charged)
-	MaxChargesPerPayout              int64
-	ChargesWithoutSettled            int64 // charges no settled payout accounts for
-	SettledWithoutCharge             int64
-	NotifyJobs, NotifyExpected       int64
-	MaxJobsPerRef                    int64
-	Running                          int64 // keys still running: stuck unless something works on them
+	Opening, Balances, Held, PaidOut   int64 // money in, on accounts, held for payouts, gone out
+	HeldForPayouts                     int64 // sum of the payouts still reserved
+	Transfers, Declined                int64 // transfer rows by status
+	MaxRowsPerTransferKey              int64
+	Payouts                            map[string]int64 // payout rows by status
+	MaxRowsPerPayoutKey                int64
+	Charges                            int64 // provider charges made (status charged)
+	MaxChargesPerPayout                int64
+	ChargesWithoutSettled              int64 // charges no settled payout accounts for
+	SettledWithoutCharge               int64
+	NotifyJobs, NotifyExpected         int64
+	MaxJobsPerRef                      int64
+	EventsAppended, EventsPublished    int64 // transfer.completed in idem's outbox
+	LedgerEvents, MaxEventsPerTransfer int64 // recorded by the ledger's inbox
+	Running                            int64 // keys still running: stuck unless something works on them
 }
 
 // readLedger counts everything the invariants are about, in one snapshot.
@@ -57,11 +59,16 @@ func readLedger(ctx context.Context, pool *pgxpool.Pool) (*ledger, error) {
 	(SELECT count(*) FROM river_job WHERE kind = 'bank_notify'),
 	(SELECT count(*) FROM bank_transfers WHERE status = 'done') + (SELECT count(*) FROM bank_payouts WHERE status IN ('settled', 'released')),
 	(SELECT coalesce(max(n), 0) FROM (SELECT count(*) n FROM river_job WHERE kind = 'bank_notify' GROUP BY args->>'ref') x),
-	(SELECT count(*) FROM idem_runs WHERE state = 'running')`).Scan(
+	(SELECT count(*) FROM idem_runs WHERE state = 'running'),
+	(SELECT count(*) FROM idem_outbox WHERE topic = 'transfer.completed'),
+	(SELECT count(*) FROM idem_outbox WHERE topic = 'transfer.completed' AND published_at IS NOT NULL),
+	(SELECT count(*) FROM bank_ledger_events),
+	(SELECT coalesce(max(n), 0) FROM (SELECT count(*) n FROM bank_ledger_events GROUP BY transfer_id) x)`).Scan(
 		&l.Opening, &l.Balances, &l.Held, &l.PaidOut, &l.HeldForPayouts,
 		&l.Transfers, &l.Declined, &l.MaxRowsPerTransferKey, &l.MaxRowsPerPayoutKey,
 		&l.Charges, &l.MaxChargesPerPayout, &l.ChargesWithoutSettled, &l.SettledWithoutCharge,
-		&l.NotifyJobs, &l.NotifyExpected, &l.MaxJobsPerRef, &l.Running)
+		&l.NotifyJobs, &l.NotifyExpected, &l.MaxJobsPerRef, &l.Running,
+		&l.EventsAppended, &l.EventsPublished, &l.LedgerEvents, &l.MaxEventsPerTransfer)
 	if err != nil {
 		return nil, fmt.Errorf("error counting: %w", err)
 	}
@@ -99,6 +106,8 @@ func (l *ledger) violations(allFinished bool) []string {
 	check(l.ChargesWithoutSettled == 0, "%d provider charges belong to no settled payout", l.ChargesWithoutSettled)
 	check(l.SettledWithoutCharge == 0, "%d settled payouts have no provider charge", l.SettledWithoutCharge)
 	check(l.MaxJobsPerRef <= 1, "a transfer or payout queued %d notifications", l.MaxJobsPerRef)
+	check(l.EventsAppended == l.Transfers, "%d transfer.completed events appended for %d transfers", l.EventsAppended, l.Transfers)
+	check(l.MaxEventsPerTransfer <= 1, "the ledger recorded a transfer %d times", l.MaxEventsPerTransfer)
 	if allFinished {
 		check(l.Running == 0, "%d keys are still running", l.Running)
 		check(l.Payouts["reserved"] == 0, "%d payouts are still reserved", l.Payouts["reserved"])

@@ -177,7 +177,7 @@ func demo(ctx context.Context, a *app, out io.Writer) error {
 	_ = a.pool.QueryRow(ctx, `SELECT count(*) FROM provider_charges WHERE status = 'canceled' AND charge_id IS NOT NULL`).Scan(&canceled)
 	expect(released.status == 402 && released.replayed && canceled == 1, "the unconfirmed payout should be released, its pending charge canceled")
 
-	d.section("checked in Postgres")
+	d.section("checked in Postgres and in JetStream")
 	var l *ledger
 	err = d.wait(ctx, "notifications to be delivered", 30*time.Second, func() (bool, error) {
 		var delivered int64
@@ -191,7 +191,22 @@ func demo(ctx context.Context, a *app, out io.Writer) error {
 	if l == nil {
 		return fmt.Errorf("error reading the ledger: %w", err)
 	}
+	var stored uint64
+	evErr := d.wait(ctx, "the ledger service to record every transfer.completed", 30*time.Second, func() (bool, error) {
+		var err error
+		if l, err = readLedger(ctx, a.pool); err != nil {
+			return false, err
+		}
+		if stored, err = a.events.streamCount(ctx); err != nil {
+			return false, err
+		}
+		return l.EventsPublished == l.Transfers && l.LedgerEvents == l.Transfers && stored == uint64(l.Transfers), nil
+	})
+	expect(evErr == nil, "transfer.completed: %d transfers, %d published, %d in the stream, %d recorded by the ledger",
+		l.Transfers, l.EventsPublished, stored, l.LedgerEvents)
 	d.summary(l)
+	fmt.Fprintf(out, "  %-14s %d published with their transfers, %d in the stream, %d in the ledger, once each  %s\n", "events",
+		l.EventsPublished, stored, l.LedgerEvents, mark(evErr == nil && l.MaxEventsPerTransfer <= 1))
 	failed = append(failed, l.violations(err == nil)...)
 	if len(failed) > 0 {
 		return fmt.Errorf("%d claims did not hold:\n  %s", len(failed), strings.Join(failed, "\n  "))
@@ -346,13 +361,15 @@ func (d *demoClient) wait(ctx context.Context, what string, limit time.Duration,
 	}
 }
 
-func (d *demoClient) summary(l *ledger) {
-	mark := func(ok bool) string {
-		if ok {
-			return "ok"
-		}
-		return "FAILED"
+// mark is a check's verdict in the summary.
+func mark(ok bool) string {
+	if ok {
+		return "ok"
 	}
+	return "FAILED"
+}
+
+func (d *demoClient) summary(l *ledger) {
 	fmt.Fprintf(d.out, "  %-14s %d deposited = %d on accounts + %d held + %d paid out  %s\n", "money",
 		l.Opening, l.Balances, l.Held, l.PaidOut, mark(l.Balances+l.Held+l.PaidOut == l.Opening))
 	fmt.Fprintf(d.out, "  %-14s %d done, %d declined; executions per key: at most %d  %s\n", "transfers",

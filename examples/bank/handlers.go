@@ -229,8 +229,13 @@ func (a *app) transfer(w http.ResponseWriter, r *http.Request) {
 		dbError(w)
 		return
 	}
-	// The outbox: the job exists if and only if the transfer commits.
+	// The outbox: the job exists, and the event is published, if and only if the transfer
+	// commits.
 	if _, err := a.river.InsertTx(ctx, t, notifyArgs{Event: "transfer.done", Ref: scope + "/" + key}, nil); err != nil {
+		dbError(w)
+		return
+	}
+	if err := appendTransferCompleted(ctx, t, transferCompleted{TransferID: rc.ID, Scope: scope, Key: key, From: req.From, To: req.To, Amount: req.Amount}); err != nil {
 		dbError(w)
 		return
 	}

@@ -1,5 +1,7 @@
 // Command bank is a small bank service built on idem: accounts, transfers (one transaction behind
-// idemhttp.Middleware, with a River job as the outbox) and payouts (a workflow that reserves
+// idemhttp.Middleware, with a River job as the outbox, and a transfer.completed event published
+// to NATS JetStream through idem's outbox, which a ledger consumer takes through its inbox) and
+// payouts (a workflow that reserves
 // money, charges a payment provider, settles or releases, and notifies). The payment provider is
 // a fake HTTP service started in the same process; it honours its own Idempotency-Key and keeps
 // its charges in a Postgres table, so they survive the bank and can be counted. A payout sent with
@@ -9,7 +11,7 @@
 // and releases the hold.
 //
 // Without flags it plays a self-driving demo against a throwaway Postgres (or the one in
-// DATABASE_URL), narrates every request, checks what it claimed against the database, and exits
+// DATABASE_URL) and a NATS server of its own (or the one in NATS_URL), narrates every request, checks what it claimed against the database, and exits
 // non-zero if an invariant fails:
 //
 //	go run ./examples/bank
@@ -151,6 +153,7 @@ func run(ctx context.Context, opts *options, out io.Writer) error {
 	}
 	defer a.stop()
 	fmt.Fprintf(out, "postgres from %s; payment provider at %s\n", source, a.provider.url)
+	fmt.Fprintf(out, "transfer.completed events go to NATS JetStream (%s)\n", a.events.source)
 	fmt.Fprintf(out, "listening on %s\n", a.url)
 
 	if opts.serve {

@@ -31,7 +31,7 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"replayed", "resumed by the recovery worker", "every key took effect once"} {
+	for _, want := range []string{"replayed", "resumed by the recovery worker", "in the ledger, once each  ok", "every key took effect once"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the demo's output lacks %q", want)
 		}
