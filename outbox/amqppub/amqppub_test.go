@@ -23,11 +23,11 @@ import (
 	"github.com/idemkit/idem/outbox/amqppub/amqptest"
 )
 
+// TestMain drops the examples' databases and stops a broker amqptest started.
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		code := amqptest.Main(m)
-		return code
-	}())
+	code := idemtest.Main(m)
+	amqptest.Stop()
+	os.Exit(code)
 }
 
 type testBundle struct {

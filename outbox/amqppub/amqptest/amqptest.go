@@ -9,8 +9,8 @@
 //  4. a rabbitmq container through testcontainers, when a Docker engine answers within a
 //     second or two.
 //
-// When none works, the error names what was tried and what to install. Call [Main] from
-// TestMain, so that a broker it started is stopped when the tests are done.
+// When none works, the error names what was tried and what to install. Call [Main] (or [Stop])
+// from TestMain, so that a broker it started is stopped when the tests are done.
 //
 //	func TestMain(m *testing.M) { os.Exit(amqptest.Main(m)) }
 //
@@ -90,10 +90,21 @@ func find() {
 //	func TestMain(m *testing.M) { os.Exit(amqptest.Main(m)) }
 func Main(m *testing.M) int {
 	code := m.Run()
+	Stop()
+	return code
+}
+
+// Stop stops a broker that URL or ExampleURL started, for a TestMain that runs the tests some
+// other way (idemtest.Main, say).
+//
+//	code := idemtest.Main(m)
+//	amqptest.Stop()
+//	os.Exit(code)
+func Stop() {
 	if shared.stop != nil {
 		shared.stop()
+		shared.stop = nil
 	}
-	return code
 }
 
 // Find finds or starts a broker, as the package doc says, and returns its URL, where it came
