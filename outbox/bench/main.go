@@ -27,6 +27,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -38,6 +39,8 @@ type options struct {
 	step      time.Duration
 	idleHold  time.Duration
 	killEvery time.Duration
+	perTx     int    // throughput: only this many messages per transaction (0: 1 and 100)
+	only      string // throughput: only the variants whose name contains this
 }
 
 func main() {
@@ -51,7 +54,19 @@ func main() {
 	flag.DurationVar(&o.step, "step", 10*time.Second, "length of each offered-rate step")
 	flag.DurationVar(&o.idleHold, "idle-hold", 30*time.Second, "how long the idle session holds its transaction")
 	flag.DurationVar(&o.killEvery, "kill-every", 3*time.Second, "how often the kill scenario SIGKILLs the relay")
+	flag.IntVar(&o.perTx, "per-tx", 0, "throughput: only this many messages per transaction (default both 1 and 100)")
+	flag.StringVar(&o.only, "only", "", "throughput: only the variants whose name contains this")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	o.scenarios = strings.Split(scen, ",")
 	ctx := context.Background()
 	e, err := newEnv(ctx)
@@ -70,7 +85,7 @@ func main() {
 		}
 		if err := s.run(ctx, e, o); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", s.name, err)
-			os.Exit(1)
+			return
 		}
 	}
 }

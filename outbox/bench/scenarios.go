@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -68,7 +69,7 @@ func sweep(ctx context.Context, r *run, perTx int, rates []float64, step time.Du
 
 func throughput(ctx context.Context, e *env, o options) error {
 	fmt.Printf("## throughput (8 writers, 10,000 keys, 1 KiB, one UPDATE per transaction; %s steps)\n\n", o.step)
-	fmt.Println("| round | msgs/tx | variant | sustained msg/s | steps (offered: delivered, backlog) | p50 / p99 ms at 3,000 msg/s |")
+	fmt.Println("| round | msgs/tx | variant | sustained msg/s | steps (offered: delivered, backlog, p50/p99) | p50 / p99 ms at 3,000 msg/s |")
 	fmt.Println("|---|---|---|---|---|---|")
 	plans := []struct {
 		perTx int
@@ -79,7 +80,13 @@ func throughput(ctx context.Context, e *env, o options) error {
 	}
 	for round := 1; round <= o.rounds; round++ {
 		for _, plan := range plans {
+			if o.perTx != 0 && plan.perTx != o.perTx {
+				continue
+			}
 			for _, v := range allVariants {
+				if o.only != "" && !strings.Contains(v.name(), o.only) {
+					continue
+				}
 				r, err := newRun(ctx, e, v)
 				if err != nil {
 					return err
@@ -97,7 +104,7 @@ func throughput(ctx context.Context, e *env, o options) error {
 					if s.offered == 3000 && plan.perTx == 1 {
 						at3k = ms(s.p50) + " / " + ms(s.p99)
 					}
-					desc += fmt.Sprintf("%.0f: %.0f, %d; ", s.offered, s.delivered, s.backlog)
+					desc += fmt.Sprintf("%.0f: %.0f, %d, %s/%s ms; ", s.offered, s.delivered, s.backlog, ms(s.p50), ms(s.p99))
 				}
 				fmt.Printf("| %d | %d | %s | %.0f | %s | %s |\n", round, plan.perTx, v.name(), sustained, desc, at3k)
 			}
