@@ -136,7 +136,9 @@ var outboxRetryCmd = &command{
 	summary: "Publish a stopped, dead-lettered or skipped message again, with fresh attempts.",
 	help: "A stopped key goes on from it in order. A dead-lettered or skipped message is published\n" +
 		"after the later messages of its key, which went out meanwhile. Fix what made it fail first.",
-	run: func(ctx context.Context, c *call) error { return c.outboxFix(ctx, outbox.Retry, "will be published again") },
+	run: func(ctx context.Context, c *call) error {
+		return c.outboxFix(ctx, outbox.Retry, "will be published again")
+	},
 }
 
 var outboxSkipCmd = &command{

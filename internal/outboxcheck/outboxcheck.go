@@ -151,7 +151,7 @@ type Writer struct {
 	Topic   string
 	Keys    int    // messages go to keys "k0".."k<Keys-1>"; 0 means no key
 	Prefix  string // goes before "k" in the keys
-	PerTx   int // messages per transaction; default 1
+	PerTx   int    // messages per transaction; default 1
 	Payload []byte
 	Opts    []outbox.Option
 }

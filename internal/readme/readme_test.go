@@ -89,8 +89,10 @@ var imports = []string{
 	"github.com/riverqueue/river", "github.com/riverqueue/river/riverdriver/riverpgxv5",
 	"github.com/idemkit/idem", "github.com/idemkit/idem/idemhttp", "github.com/idemkit/idem/tx",
 	"github.com/idemkit/idem/workflow", "github.com/idemkit/idem/steps", "github.com/idemkit/idem/idemriver",
+	"github.com/idemkit/idem/outbox",
 	// Modules of their own, reached through go.work.
 	"github.com/idemkit/idem/idemgrpc", "google.golang.org/grpc",
+	"github.com/idemkit/idem/outbox/natspub", "github.com/nats-io/nats.go/jetstream",
 }
 
 // prelude declares what the README's snippets use without declaring: the reader's own code.
@@ -118,6 +120,11 @@ var (
 
 	// gRPC
 	authenticate grpc.UnaryServerInterceptor
+
+	// Outbox
+	body     []byte
+	js       jetstream.JetStream
+	consumer jetstream.Consumer
 )
 
 type (
@@ -224,7 +231,9 @@ var anyExport = map[string]string{
 	"github.com/idemkit/idem": "ErrInFlight", "github.com/idemkit/idem/idemhttp": "Tx",
 	"github.com/idemkit/idem/tx": "Run", "github.com/idemkit/idem/workflow": "ErrFailed", "github.com/idemkit/idem/idemriver": "Migrate",
 	"github.com/idemkit/idem/idemgrpc": "Tx", "google.golang.org/grpc": "NewServer",
-	"github.com/idemkit/idem/steps": "Permanent",
+	"github.com/idemkit/idem/steps":  "Permanent",
+	"github.com/idemkit/idem/outbox": "Append", "github.com/idemkit/idem/outbox/natspub": "New",
+	"github.com/nats-io/nats.go/jetstream": "New",
 }
 
 // newImporter reads the packages' export data, which go list builds (and caches) for it. An

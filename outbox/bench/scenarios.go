@@ -316,7 +316,9 @@ func appendScenario(ctx context.Context, e *env, o options) error {
 		fn   appender
 	}{
 		{"bare", nil},
-		{"idem", func(ctx context.Context, t pgx.Tx, m benchMsg) error { return idemVariant{}.appendTx(ctx, t, []benchMsg{m}) }},
+		{"idem", func(ctx context.Context, t pgx.Tx, m benchMsg) error {
+			return idemVariant{}.appendTx(ctx, t, []benchMsg{m})
+		}},
 		{"watermill", func(ctx context.Context, t pgx.Tx, m benchMsg) error {
 			return watermillVariant{}.appendTx(ctx, t, []benchMsg{m})
 		}},

@@ -190,5 +190,4 @@ func (p *jetStreamPublisher) Publish(topic string, msgs ...*message.Message) err
 
 func (p *jetStreamPublisher) Close() error { return nil }
 
-
 func newID() string { return uuid.Must(uuid.NewV7()).String() }

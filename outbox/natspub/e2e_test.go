@@ -168,7 +168,9 @@ func runChild() int {
 
 type publisherFunc func(ctx context.Context, batch []*outbox.Envelope) []error
 
-func (f publisherFunc) Publish(ctx context.Context, batch []*outbox.Envelope) []error { return f(ctx, batch) }
+func (f publisherFunc) Publish(ctx context.Context, batch []*outbox.Envelope) []error {
+	return f(ctx, batch)
+}
 
 // TestRelayKilledBeforeMark runs a relay in a child process that dies by SIGKILL between
 // JetStream's PubAck and its own record of the batch. The next relay publishes the batch again,
