@@ -66,7 +66,7 @@ func Get(ctx context.Context, db Querier, id uuid.UUID, opts ...Option) (*Info, 
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	r, err := store.OutboxGet(ctx, db, store.For(cfg.schema), id)
+	r, err := store.For(cfg.schema).OutboxGet(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: message %s is not in the outbox", idem.ErrNotFound, id)
 	}
@@ -119,7 +119,7 @@ func List(ctx context.Context, db Querier, p *ListParams, opts ...Option) ([]*In
 	case p.Limit == 0:
 		sp.Limit = 100
 	}
-	rows, err := store.OutboxList(ctx, db, store.For(cfg.schema), sp)
+	rows, err := store.For(cfg.schema).OutboxList(ctx, db, sp)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: error listing messages: %w", err)
 	}
@@ -158,14 +158,14 @@ func setStatus(ctx context.Context, db idem.Beginner, id uuid.UUID, status strin
 	}
 	st := store.For(cfg.schema)
 	return pgx.BeginFunc(ctx, db, func(t pgx.Tx) error {
-		changed, err := store.OutboxSetStatus(ctx, t, st, id, status, from)
+		changed, err := st.OutboxSetStatus(ctx, t, id, status, from)
 		if err != nil {
 			return fmt.Errorf("outbox: error changing message %s: %w", id, err)
 		}
 		if changed {
 			return nil
 		}
-		r, err := store.OutboxGet(ctx, t, st, id)
+		r, err := st.OutboxGet(ctx, t, id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: message %s is not in the outbox", idem.ErrNotFound, id)
 		}
@@ -205,7 +205,7 @@ func Lanes(ctx context.Context, db Querier, opts ...Option) ([]LaneInfo, error) 
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	rows, err := store.OutboxLanes(ctx, db, store.For(cfg.schema))
+	rows, err := store.For(cfg.schema).OutboxLanes(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: error reading lanes: %w", err)
 	}
@@ -226,7 +226,7 @@ func Counts(ctx context.Context, db Querier, opts ...Option) (map[Status]int64, 
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	counts, err := store.OutboxCounts(ctx, db, store.For(cfg.schema))
+	counts, err := store.For(cfg.schema).OutboxCounts(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: error counting messages: %w", err)
 	}

@@ -186,13 +186,13 @@ func AppendBatch(ctx context.Context, t pgx.Tx, msgs []Message, opts ...Option) 
 			rows[i].Payload = []byte{}
 		}
 	}
-	sql, args, err := store.OutboxAppend(store.For(cfg.schema), rows)
+	stmt, err := store.For(cfg.schema).OutboxAppend(rows)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: error encoding headers: %w", err)
 	}
 	if attempt, canDefer := txctl.From(t); attempt != nil && canDefer {
-		attempt.Queue(txctl.Deferred{SQL: sql, Args: args, MapErr: appendError})
-	} else if _, err := t.Exec(ctx, sql, args...); err != nil {
+		attempt.Queue(txctl.Deferred{SQL: stmt.SQL, Args: stmt.Args, MapErr: appendError})
+	} else if _, err := t.Exec(ctx, stmt.SQL, stmt.Args...); err != nil {
 		return nil, appendError(err)
 	}
 	nudgeLocal()

@@ -54,7 +54,7 @@ func (l *loop) fetch(ctx context.Context) {
 	epoch := l.beginRead()
 	go func() {
 		at := time.Now()
-		f, err := store.OutboxFetch(ctx, l.r.db, l.r.st, p)
+		f, err := l.r.st.OutboxFetch(ctx, l.r.db, p)
 		l.post(func() { l.fetched(p, f, err, epoch, at) })
 	}()
 }
@@ -185,7 +185,7 @@ func (l *loop) catchUp(ctx context.Context) {
 	epoch := l.beginRead()
 	go func() {
 		at := time.Now()
-		rows, nowUS, err := store.OutboxCatchUp(ctx, l.r.db, l.r.st, from, to, limit, l.lanes, which)
+		rows, nowUS, err := l.r.st.OutboxCatchUp(ctx, l.r.db, from, to, limit, l.lanes, which)
 		l.post(func() { l.caughtUp(which, from, to, limit, rows, nowUS, err, epoch, at) })
 	}()
 }

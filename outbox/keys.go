@@ -347,7 +347,7 @@ func (l *loop) flush() {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		still, _, err := store.OutboxWriteAll(ctx, l.r.db, l.r.st, held, plain(ws))
+		still, _, err := l.r.st.OutboxWriteAll(ctx, l.r.db, held, plain(ws))
 		l.post(func() { l.written(ws, held, still, err) })
 	}()
 }

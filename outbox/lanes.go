@@ -72,9 +72,9 @@ func (l *loop) tick(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, cfg.Lease)
 		defer cancel()
 		lease := cfg.Lease.Microseconds()
-		live, err := store.OutboxHeartbeat(ctx, db, st, cfg.Name, lease)
+		live, err := st.OutboxHeartbeat(ctx, db, cfg.Name, lease)
 		if err == nil && len(held) > 0 {
-			res.renewed, err = store.OutboxRenew(ctx, db, st, cfg.Name, held, lease)
+			res.renewed, err = st.OutboxRenew(ctx, db, cfg.Name, held, lease)
 		}
 		if err != nil {
 			res.err = err
@@ -89,12 +89,12 @@ func (l *loop) tick(ctx context.Context) {
 			}
 		}
 		if want := res.target - keep; want > 0 && len(draining) == 0 {
-			if res.acquired, err = store.OutboxAcquire(ctx, db, st, cfg.Name, lease, want); err != nil {
+			if res.acquired, err = st.OutboxAcquire(ctx, db, cfg.Name, lease, want); err != nil {
 				res.err = err
 			}
 		}
 		if len(release) > 0 && res.err == nil {
-			if err := store.OutboxRelease(ctx, db, st, cfg.Name, release); err != nil {
+			if err := st.OutboxRelease(ctx, db, cfg.Name, release); err != nil {
 				res.err = err
 			} else {
 				for _, r := range release {
@@ -104,7 +104,7 @@ func (l *loop) tick(ctx context.Context) {
 		}
 		if len(res.acquired) > 0 && needStart {
 			res.start = true
-			res.cursor, res.snapshot, res.startFail = store.OutboxStart(ctx, db, st)
+			res.cursor, res.snapshot, res.startFail = st.OutboxStart(ctx, db)
 		}
 		l.post(func() { l.ticked(res) })
 	}()
@@ -177,7 +177,7 @@ func (l *loop) ticked(res tickResult) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				_ = store.OutboxRelease(ctx, l.r.db, l.r.st, cfg.Name, release)
+				_ = l.r.st.OutboxRelease(ctx, l.r.db, cfg.Name, release)
 			}()
 			res.acquired = nil
 		} else {

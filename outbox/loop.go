@@ -197,7 +197,7 @@ func (l *loop) shutdown() {
 	defer cancel()
 	if len(l.toWrite) > 0 && !l.writing {
 		writes := l.takeWrites()
-		if _, _, err := store.OutboxWriteAll(ctx, l.r.db, l.r.st, l.held(), plain(writes)); err != nil {
+		if _, _, err := l.r.st.OutboxWriteAll(ctx, l.r.db, l.held(), plain(writes)); err != nil {
 			l.r.cfg.Logger.WarnContext(ctx, "outbox: relay could not record what it published before it stopped; the messages will be published again, under the same ids",
 				"relay", l.r.cfg.Name, "messages", len(writes), "error", err)
 		}
@@ -207,12 +207,12 @@ func (l *loop) shutdown() {
 		release = append(release, store.LaneToken{Lane: ln.id, Token: ln.token, Floor: l.floor(ln)})
 	}
 	if len(release) > 0 {
-		if err := store.OutboxRelease(ctx, l.r.db, l.r.st, l.r.cfg.Name, release); err != nil {
+		if err := l.r.st.OutboxRelease(ctx, l.r.db, l.r.cfg.Name, release); err != nil {
 			l.r.cfg.Logger.WarnContext(ctx, "outbox: relay could not give its lanes up; they move when its lease runs out",
 				"relay", l.r.cfg.Name, "error", err)
 		}
 	}
-	_ = store.OutboxLeave(ctx, l.r.db, l.r.st, l.r.cfg.Name)
+	_ = l.r.st.OutboxLeave(ctx, l.r.db, l.r.cfg.Name)
 }
 
 func plain(ws []write) []store.OutboxWrite {

@@ -122,7 +122,7 @@ func (r *Relay) initLanes(ctx context.Context) (int, error) {
 	poll := backoff.NewPoll(30*time.Second, 50*time.Millisecond, time.Second)
 	for {
 		var err error
-		n, err = store.OutboxLanesInit(ctx, r.db, r.st, want)
+		n, err = r.st.OutboxLanesInit(ctx, r.db, want)
 		if err == nil {
 			break
 		}

@@ -7,9 +7,9 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// OutboxStatements are package outbox's statements: appending messages, the relay's reads and
+// outboxStatements are package outbox's statements: appending messages, the relay's reads and
 // writes, its lanes, and the operator's reads and fixes. Arguments are listed as $n = name.
-type OutboxStatements struct {
+type outboxStatements struct {
 	// Append writes one message with a key: it takes the key's next sequence number with an
 	// upsert that locks the key's row until the writer's transaction ends, so that a second
 	// writer of the key waits and numbers its message after this one. The message's position
@@ -121,13 +121,13 @@ FROM (SELECT pg_current_snapshot() AS s) c, LATERAL (SELECT pg_snapshot_xmin(c.s
 // unsettled is a message the relay still has to publish: not published, not set aside.
 const unsettled = `published_at IS NULL AND (status IS NULL OR status = 'stopped')`
 
-func outboxStatements(t Tables) OutboxStatements {
+func newOutboxStatements(t Tables) outboxStatements {
 	const xid = `WITH x AS MATERIALIZED (SELECT pg_current_xact_id() AS xid)`
 	list := func(where string) string {
 		return t.render(`SELECT ` + outboxColumns + ` FROM {outbox} WHERE pos > $1 AND ` + where +
 			` AND ($2 = '' OR topic = $2) AND ($3 = '' OR key = $3) ORDER BY pos LIMIT $4`)
 	}
-	return OutboxStatements{
+	return outboxStatements{
 		Append: t.render(xid + `, k AS (
 	INSERT INTO {outbox_keys} AS k (key, seq) SELECT $3, 1 FROM x
 	ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1
@@ -253,20 +253,20 @@ type OutboxMessage struct {
 	Headers map[string]string
 }
 
-// OutboxAppend returns the statement and arguments that write msgs (one or more), for the caller
-// to run now or queue for COMMIT.
-func OutboxAppend(st *Statements, msgs []OutboxMessage) (string, []any, error) {
+// OutboxAppend returns the statement that writes msgs (one or more), for the caller to run now
+// or queue for COMMIT. It has no result.
+func (st *Statements) OutboxAppend(msgs []OutboxMessage) (Stmt, error) {
 	if len(msgs) == 1 {
 		m := msgs[0]
 		h, err := headersJSON(m.Headers)
 		if err != nil {
-			return "", nil, err
+			return Stmt{}, err
 		}
 		id := pgtype.UUID{Bytes: m.ID, Valid: true}
 		if m.Key == "" {
-			return st.Outbox.AppendUnkeyed, []any{id, m.Topic, m.Hash, m.Payload, h}, nil
+			return Stmt{SQL: st.outbox.AppendUnkeyed, Args: []any{id, m.Topic, m.Hash, m.Payload, h}}, nil
 		}
-		return st.Outbox.Append, []any{id, m.Topic, m.Key, m.Hash, m.Payload, h}, nil
+		return Stmt{SQL: st.outbox.Append, Args: []any{id, m.Topic, m.Key, m.Hash, m.Payload, h}}, nil
 	}
 	var (
 		ids       = make([]pgtype.UUID, len(msgs))
@@ -283,7 +283,7 @@ func OutboxAppend(st *Statements, msgs []OutboxMessage) (string, []any, error) {
 		m := msgs[i]
 		h, err := headersJSON(m.Headers)
 		if err != nil {
-			return "", nil, err
+			return Stmt{}, err
 		}
 		ids[i], topics[i], keys[i], hashes[i], payloads[i], headers[i] = pgtype.UUID{Bytes: m.ID, Valid: true}, m.Topic, m.Key, m.Hash, m.Payload, h
 		if m.Key != "" {
@@ -298,7 +298,7 @@ func OutboxAppend(st *Statements, msgs []OutboxMessage) (string, []any, error) {
 	for i, k := range distinct {
 		n[i] = counts[k]
 	}
-	return st.Outbox.AppendBatch, []any{ids, topics, keys, hashes, followers, payloads, headers, distinct, n}, nil
+	return Stmt{SQL: st.outbox.AppendBatch, Args: []any{ids, topics, keys, hashes, followers, payloads, headers, distinct, n}}, nil
 }
 
 func headersJSON(h map[string]string) (*string, error) {

@@ -10,9 +10,9 @@ import (
 )
 
 // OutboxGet reads a message by id; pgx.ErrNoRows when there is none.
-func OutboxGet(ctx context.Context, q Querier, st *Statements, id [16]byte) (OutboxRow, error) {
+func (st *Statements) OutboxGet(ctx context.Context, q Querier, id [16]byte) (OutboxRow, error) {
 	var r OutboxRow
-	err := q.QueryRow(ctx, st.Outbox.Get, pgtype.UUID{Bytes: id, Valid: true}).Scan(r.dest()...)
+	err := q.QueryRow(ctx, st.outbox.Get, pgtype.UUID{Bytes: id, Valid: true}).Scan(r.dest()...)
 	return r, err
 }
 
@@ -28,20 +28,20 @@ type OutboxListParams struct {
 }
 
 // OutboxList lists messages in position order.
-func OutboxList(ctx context.Context, q Querier, st *Statements, p OutboxListParams) ([]OutboxRow, error) {
+func (st *Statements) OutboxList(ctx context.Context, q Querier, p OutboxListParams) ([]OutboxRow, error) {
 	args := []any{p.After, p.Topic, p.Key, p.Limit}
 	var sql string
 	switch p.Status {
 	case "attention":
-		sql = st.Outbox.listAttention
+		sql = st.outbox.listAttention
 	case "pending":
-		sql = st.Outbox.listPending
+		sql = st.outbox.listPending
 	case "published":
-		sql = st.Outbox.listPublished
+		sql = st.outbox.listPublished
 	case "all":
-		sql = st.Outbox.listAll
+		sql = st.outbox.listAll
 	case "stopped", "dead", "skipped":
-		sql, args = st.Outbox.listStatus, append(args, p.Status)
+		sql, args = st.outbox.listStatus, append(args, p.Status)
 	default:
 		return nil, fmt.Errorf("store: unknown outbox status filter %q", p.Status)
 	}
@@ -58,7 +58,7 @@ func OutboxList(ctx context.Context, q Querier, st *Statements, p OutboxListPara
 // OutboxSetStatus sets a message's status ("" for the relay to take it up again, with its attempts
 // reset) if its status is one of from, and asks its lane's owner to read the lane again from it.
 // It reports whether the message was changed; q should be a transaction.
-func OutboxSetStatus(ctx context.Context, q Querier, st *Statements, id [16]byte, status string, from []string) (bool, error) {
+func (st *Statements) OutboxSetStatus(ctx context.Context, q Querier, id [16]byte, status string, from []string) (bool, error) {
 	var (
 		pos  int64
 		hash int32
@@ -67,14 +67,14 @@ func OutboxSetStatus(ctx context.Context, q Querier, st *Statements, id [16]byte
 	if status != "" {
 		s = &status
 	}
-	err := q.QueryRow(ctx, st.Outbox.SetStatus, pgtype.UUID{Bytes: id, Valid: true}, s, from).Scan(&pos, &hash)
+	err := q.QueryRow(ctx, st.outbox.SetStatus, pgtype.UUID{Bytes: id, Valid: true}, s, from).Scan(&pos, &hash)
 	if err == pgx.ErrNoRows {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	_, err = q.Exec(ctx, st.Outbox.Rewind, pos, hash)
+	_, err = q.Exec(ctx, st.outbox.Rewind, pos, hash)
 	return err == nil, err
 }
 
@@ -88,8 +88,8 @@ type OutboxLane struct {
 }
 
 // OutboxLanes reads every lane.
-func OutboxLanes(ctx context.Context, q Querier, st *Statements) ([]OutboxLane, error) {
-	rows, err := q.Query(ctx, st.Outbox.Lanes)
+func (st *Statements) OutboxLanes(ctx context.Context, q Querier) ([]OutboxLane, error) {
+	rows, err := q.Query(ctx, st.outbox.Lanes)
 	if err != nil {
 		return nil, err
 	}
@@ -100,8 +100,8 @@ func OutboxLanes(ctx context.Context, q Querier, st *Statements) ([]OutboxLane, 
 }
 
 // OutboxCounts counts the messages by status.
-func OutboxCounts(ctx context.Context, q Querier, st *Statements) (map[string]int64, error) {
-	rows, err := q.Query(ctx, st.Outbox.Counts)
+func (st *Statements) OutboxCounts(ctx context.Context, q Querier) (map[string]int64, error) {
+	rows, err := q.Query(ctx, st.outbox.Counts)
 	if err != nil {
 		return nil, err
 	}

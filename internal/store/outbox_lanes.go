@@ -26,7 +26,7 @@ type OutboxWrite struct {
 
 // OutboxWriteAll runs Write: it records writes for the lanes of held that the relay still holds,
 // and returns those lanes and how many messages it wrote.
-func OutboxWriteAll(ctx context.Context, q Querier, st *Statements, held []LaneToken, writes []OutboxWrite) ([]int32, int64, error) {
+func (st *Statements) OutboxWriteAll(ctx context.Context, q Querier, held []LaneToken, writes []OutboxWrite) ([]int32, int64, error) {
 	lanes, tokens, _ := laneArrays(held)
 	var (
 		ids       = make([]pgtype.UUID, len(writes))
@@ -43,7 +43,7 @@ func OutboxWriteAll(ctx context.Context, q Querier, st *Statements, held []LaneT
 		still []int32
 		n     int64
 	)
-	err := q.QueryRow(ctx, st.Outbox.Write, lanes, tokens, ids, wl, published, attempts, errs, statuses).Scan(&still, &n)
+	err := q.QueryRow(ctx, st.outbox.Write, lanes, tokens, ids, wl, published, attempts, errs, statuses).Scan(&still, &n)
 	return still, n, err
 }
 
@@ -59,19 +59,19 @@ func laneArrays(ls []LaneToken) ([]int32, []pgtype.UUID, []int64) {
 
 // OutboxLanesInit creates n lanes if there are none, and returns how many lanes there are. q must
 // not be a transaction: the count is read after the insert committed.
-func OutboxLanesInit(ctx context.Context, q Querier, st *Statements, n int) (int, error) {
-	if _, err := q.Exec(ctx, st.Outbox.LanesInit, n); err != nil {
+func (st *Statements) OutboxLanesInit(ctx context.Context, q Querier, n int) (int, error) {
+	if _, err := q.Exec(ctx, st.outbox.LanesInit, n); err != nil {
 		return 0, err
 	}
 	var count int
-	err := q.QueryRow(ctx, st.Outbox.LanesCount).Scan(&count)
+	err := q.QueryRow(ctx, st.outbox.LanesCount).Scan(&count)
 	return count, err
 }
 
 // OutboxHeartbeat renews owner's row for lease µs and returns the live relays' names, sorted.
-func OutboxHeartbeat(ctx context.Context, q Querier, st *Statements, owner string, leaseUS int64) ([]string, error) {
+func (st *Statements) OutboxHeartbeat(ctx context.Context, q Querier, owner string, leaseUS int64) ([]string, error) {
 	var live []string
-	err := q.QueryRow(ctx, st.Outbox.Heartbeat, owner, leaseUS).Scan(&live)
+	err := q.QueryRow(ctx, st.outbox.Heartbeat, owner, leaseUS).Scan(&live)
 	return live, err
 }
 
@@ -83,9 +83,9 @@ type LaneRewind struct {
 }
 
 // OutboxRenew renews the leases of held (recording their floors) and returns the lanes renewed.
-func OutboxRenew(ctx context.Context, q Querier, st *Statements, owner string, held []LaneToken, leaseUS int64) ([]LaneRewind, error) {
+func (st *Statements) OutboxRenew(ctx context.Context, q Querier, owner string, held []LaneToken, leaseUS int64) ([]LaneRewind, error) {
 	lanes, tokens, floors := laneArrays(held)
-	rows, err := q.Query(ctx, st.Outbox.Renew, owner, lanes, tokens, floors, leaseUS)
+	rows, err := q.Query(ctx, st.outbox.Renew, owner, lanes, tokens, floors, leaseUS)
 	if err != nil {
 		return nil, err
 	}
@@ -103,8 +103,8 @@ func OutboxRenew(ctx context.Context, q Querier, st *Statements, owner string, h
 }
 
 // OutboxAcquire takes up to n free lanes (no owner, or a lease that ran out).
-func OutboxAcquire(ctx context.Context, q Querier, st *Statements, owner string, leaseUS int64, n int) ([]LaneRewind, error) {
-	rows, err := q.Query(ctx, st.Outbox.Acquire, owner, leaseUS, n)
+func (st *Statements) OutboxAcquire(ctx context.Context, q Querier, owner string, leaseUS int64, n int) ([]LaneRewind, error) {
+	rows, err := q.Query(ctx, st.outbox.Acquire, owner, leaseUS, n)
 	if err != nil {
 		return nil, err
 	}
@@ -122,14 +122,14 @@ func OutboxAcquire(ctx context.Context, q Querier, st *Statements, owner string,
 }
 
 // OutboxRelease gives up lanes, recording their floors.
-func OutboxRelease(ctx context.Context, q Querier, st *Statements, owner string, lanes []LaneToken) error {
+func (st *Statements) OutboxRelease(ctx context.Context, q Querier, owner string, lanes []LaneToken) error {
 	l, tokens, floors := laneArrays(lanes)
-	_, err := q.Exec(ctx, st.Outbox.Release, owner, l, tokens, floors)
+	_, err := q.Exec(ctx, st.outbox.Release, owner, l, tokens, floors)
 	return err
 }
 
 // OutboxLeave deletes owner's row of live relays.
-func OutboxLeave(ctx context.Context, q Querier, st *Statements, owner string) error {
-	_, err := q.Exec(ctx, st.Outbox.Leave, owner)
+func (st *Statements) OutboxLeave(ctx context.Context, q Querier, owner string) error {
+	_, err := q.Exec(ctx, st.outbox.Leave, owner)
 	return err
 }

@@ -57,13 +57,13 @@ func (s Snapshot) InProgress(xid uint64) bool {
 }
 
 // OutboxStart reads the highest position and the snapshot of that read.
-func OutboxStart(ctx context.Context, q Querier, st *Statements) (int64, Snapshot, error) {
+func (st *Statements) OutboxStart(ctx context.Context, q Querier) (int64, Snapshot, error) {
 	var (
 		pos  int64
 		snap string
 		next int64
 	)
-	if err := q.QueryRow(ctx, st.Outbox.Start).Scan(&pos, &snap, &next); err != nil {
+	if err := q.QueryRow(ctx, st.outbox.Start).Scan(&pos, &snap, &next); err != nil {
 		return 0, Snapshot{}, err
 	}
 	s, err := ParseSnapshot(snap)
@@ -92,12 +92,12 @@ type OutboxFetched struct {
 }
 
 // OutboxFetch runs Fetch.
-func OutboxFetch(ctx context.Context, q Querier, st *Statements, p OutboxFetchParams) (OutboxFetched, error) {
+func (st *Statements) OutboxFetch(ctx context.Context, q Querier, p OutboxFetchParams) (OutboxFetched, error) {
 	late := make([]int64, len(p.Late))
 	for i, x := range p.Late {
 		late[i] = int64(x)
 	}
-	rows, err := q.Query(ctx, st.Outbox.Fetch, p.Cursor, late, p.Limit, p.Lanes, p.Live, p.Owned, int64(p.From))
+	rows, err := q.Query(ctx, st.outbox.Fetch, p.Cursor, late, p.Limit, p.Lanes, p.Live, p.Owned, int64(p.From))
 	if err != nil {
 		return OutboxFetched{}, err
 	}
@@ -131,8 +131,8 @@ func OutboxFetch(ctx context.Context, q Querier, st *Statements, p OutboxFetchPa
 
 // OutboxCatchUp runs CatchUp: the unsettled messages of lanes with positions in (from, to], and
 // the database's clock.
-func OutboxCatchUp(ctx context.Context, q Querier, st *Statements, from, to int64, limit, lanes int, which []int32) ([]OutboxRow, int64, error) {
-	rows, err := q.Query(ctx, st.Outbox.CatchUp, from, to, limit, lanes, which)
+func (st *Statements) OutboxCatchUp(ctx context.Context, q Querier, from, to int64, limit, lanes int, which []int32) ([]OutboxRow, int64, error) {
+	rows, err := q.Query(ctx, st.outbox.CatchUp, from, to, limit, lanes, which)
 	if err != nil {
 		return nil, 0, err
 	}

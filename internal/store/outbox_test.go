@@ -1,10 +1,8 @@
 package store_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -12,44 +10,26 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtemp"
 	"github.com/idemkit/idem/internal/store"
 )
-
-func TestMain(m *testing.M) { os.Exit(pgtemp.Main(m)) }
-
-type outboxBundle struct {
-	ctx  context.Context
-	pool *pgxpool.Pool
-	st   *store.Statements
-}
-
-func setupOutbox(t *testing.T) *outboxBundle {
-	t.Helper()
-	ctx := context.Background()
-	pool := pgtemp.NewPool(t)
-	require.NoError(t, idem.Migrate(ctx, pool))
-	return &outboxBundle{ctx: ctx, pool: pool, st: store.For("")}
-}
 
 func msg(key string) store.OutboxMessage {
 	return store.OutboxMessage{ID: uuid.Must(uuid.NewV7()), Topic: "t", Key: key, Hash: 7, Payload: []byte("p")}
 }
 
 // appendTx writes msgs in t.
-func (b *outboxBundle) appendTx(t *testing.T, tx pgx.Tx, msgs ...store.OutboxMessage) {
+func (b *testBundle) appendTx(t *testing.T, tx pgx.Tx, msgs ...store.OutboxMessage) {
 	t.Helper()
-	sql, args, err := store.OutboxAppend(b.st, msgs)
+	stmt, err := b.st.OutboxAppend(msgs)
 	require.NoError(t, err)
-	_, err = tx.Exec(b.ctx, sql, args...)
+	_, err = tx.Exec(b.ctx, stmt.SQL, stmt.Args...)
 	require.NoError(t, err)
 }
 
-func (b *outboxBundle) append(t *testing.T, msgs ...store.OutboxMessage) {
+func (b *testBundle) append(t *testing.T, msgs ...store.OutboxMessage) {
 	t.Helper()
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		b.appendTx(t, tx, msgs...)
@@ -57,19 +37,19 @@ func (b *outboxBundle) append(t *testing.T, msgs ...store.OutboxMessage) {
 	}))
 }
 
-func (b *outboxBundle) get(t *testing.T, id [16]byte) store.OutboxRow {
+func (b *testBundle) get(t *testing.T, id [16]byte) store.OutboxRow {
 	t.Helper()
-	r, err := store.OutboxGet(b.ctx, b.pool, b.st, id)
+	r, err := b.st.OutboxGet(b.ctx, b.pool, id)
 	require.NoError(t, err)
 	return r
 }
 
-func (b *outboxBundle) fetch(t *testing.T, p store.OutboxFetchParams) store.OutboxFetched {
+func (b *testBundle) fetch(t *testing.T, p store.OutboxFetchParams) store.OutboxFetched {
 	t.Helper()
 	if p.Lanes == 0 {
 		p.Lanes, p.Live, p.Owned, p.Limit = 1, []int32{0}, []int32{0}, 100
 	}
-	f, err := store.OutboxFetch(b.ctx, b.pool, b.st, p)
+	f, err := b.st.OutboxFetch(b.ctx, b.pool, p)
 	require.NoError(t, err)
 	return f
 }
@@ -79,7 +59,7 @@ func TestOutboxAppend(t *testing.T) {
 
 	t.Run("SequencePerKey", func(t *testing.T) {
 		t.Parallel()
-		b := setupOutbox(t)
+		b := setup(t)
 		a1, a2, c1, none := msg("a"), msg("a"), msg("c"), msg("")
 		none.Headers = map[string]string{"h": "v"}
 		b.append(t, a1)
@@ -95,7 +75,7 @@ func TestOutboxAppend(t *testing.T) {
 
 	t.Run("BatchNumbersInOrder", func(t *testing.T) {
 		t.Parallel()
-		b := setupOutbox(t)
+		b := setup(t)
 		first := msg("k")
 		b.append(t, first)
 		batch := []store.OutboxMessage{msg("k"), msg("x"), msg("k"), msg(""), msg("k")}
@@ -113,7 +93,7 @@ func TestOutboxAppend(t *testing.T) {
 	// the order of the COMMITs, not of the statements.
 	t.Run("SecondWriterWaits", func(t *testing.T) {
 		t.Parallel()
-		b := setupOutbox(t)
+		b := setup(t)
 		b.append(t, msg("k"))
 		first, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
@@ -125,11 +105,11 @@ func TestOutboxAppend(t *testing.T) {
 		done := make(chan error, 1)
 		go func() {
 			done <- pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				sql, args, err := store.OutboxAppend(b.st, []store.OutboxMessage{m2})
+				stmt, err := b.st.OutboxAppend([]store.OutboxMessage{m2})
 				if err != nil {
 					return err
 				}
-				_, err = tx.Exec(b.ctx, sql, args...)
+				_, err = tx.Exec(b.ctx, stmt.SQL, stmt.Args...)
 				return err
 			})
 		}()
@@ -148,7 +128,7 @@ func TestOutboxAppend(t *testing.T) {
 
 	t.Run("RolledBackWriterLeavesNoGap", func(t *testing.T) {
 		t.Parallel()
-		b := setupOutbox(t)
+		b := setup(t)
 		tx, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
 		b.appendTx(t, tx, msg("k"))
@@ -164,8 +144,8 @@ func TestOutboxFetch(t *testing.T) {
 
 	t.Run("NewThenLate", func(t *testing.T) {
 		t.Parallel()
-		b := setupOutbox(t)
-		cursor, start, err := store.OutboxStart(b.ctx, b.pool, b.st)
+		b := setup(t)
+		cursor, start, err := b.st.OutboxStart(b.ctx, b.pool)
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, start.Next, start.Xmax)
 
@@ -206,8 +186,8 @@ func TestOutboxFetch(t *testing.T) {
 	// the xids from the snapshot's xmax on.
 	t.Run("UnlistedXid", func(t *testing.T) {
 		t.Parallel()
-		b := setupOutbox(t)
-		cursor, start, err := store.OutboxStart(b.ctx, b.pool, b.st)
+		b := setup(t)
+		cursor, start, err := b.st.OutboxStart(b.ctx, b.pool)
 		require.NoError(t, err)
 		first, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
@@ -245,7 +225,7 @@ func TestOutboxFetch(t *testing.T) {
 
 	t.Run("LanesAndLimit", func(t *testing.T) {
 		t.Parallel()
-		b := setupOutbox(t)
+		b := setup(t)
 		var msgs []store.OutboxMessage
 		for i := range 10 {
 			m := msg(strconv.Itoa(i))
@@ -258,7 +238,7 @@ func TestOutboxFetch(t *testing.T) {
 		for i, r := range f.New {
 			require.Equal(t, msgs[2*i+1].ID, r.ID, "odd hashes, in position order")
 		}
-		rows, now, err := store.OutboxCatchUp(b.ctx, b.pool, b.st, f.New[0].Pos, f.New[2].Pos, 10, 2, []int32{0})
+		rows, now, err := b.st.OutboxCatchUp(b.ctx, b.pool, f.New[0].Pos, f.New[2].Pos, 10, 2, []int32{0})
 		require.NoError(t, err)
 		require.Len(t, rows, 2, "lane 0 between the first and the third of lane 1")
 		require.Greater(t, now, int64(0))
@@ -267,25 +247,25 @@ func TestOutboxFetch(t *testing.T) {
 
 func TestOutboxLanes(t *testing.T) {
 	t.Parallel()
-	b := setupOutbox(t)
-	n, err := store.OutboxLanesInit(b.ctx, b.pool, b.st, 4)
+	b := setup(t)
+	n, err := b.st.OutboxLanesInit(b.ctx, b.pool, 4)
 	require.NoError(t, err)
 	require.Equal(t, 4, n)
-	n, err = store.OutboxLanesInit(b.ctx, b.pool, b.st, 8)
+	n, err = b.st.OutboxLanesInit(b.ctx, b.pool, 8)
 	require.NoError(t, err)
 	require.Equal(t, 4, n, "the lanes are made once")
 
-	live, err := store.OutboxHeartbeat(b.ctx, b.pool, b.st, "b", time.Minute.Microseconds())
+	live, err := b.st.OutboxHeartbeat(b.ctx, b.pool, "b", time.Minute.Microseconds())
 	require.NoError(t, err)
 	require.Equal(t, []string{"b"}, live)
-	live, err = store.OutboxHeartbeat(b.ctx, b.pool, b.st, "a", time.Minute.Microseconds())
+	live, err = b.st.OutboxHeartbeat(b.ctx, b.pool, "a", time.Minute.Microseconds())
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b"}, live)
 
-	got, err := store.OutboxAcquire(b.ctx, b.pool, b.st, "a", time.Minute.Microseconds(), 3)
+	got, err := b.st.OutboxAcquire(b.ctx, b.pool, "a", time.Minute.Microseconds(), 3)
 	require.NoError(t, err)
 	require.Len(t, got, 3)
-	other, err := store.OutboxAcquire(b.ctx, b.pool, b.st, "b", time.Minute.Microseconds(), 3)
+	other, err := b.st.OutboxAcquire(b.ctx, b.pool, "b", time.Minute.Microseconds(), 3)
 	require.NoError(t, err)
 	require.Len(t, other, 1, "one lane was left")
 
@@ -296,15 +276,13 @@ func TestOutboxLanes(t *testing.T) {
 	b.append(t, m)
 
 	t.Run("WriteIsFenced", func(t *testing.T) {
-		still, written, err := store.OutboxWriteAll(b.ctx, b.pool, b.st, []store.LaneToken{{Lane: got[0].Lane, Token: uuid.New()}},
-			[]store.OutboxWrite{{ID: m.ID, Lane: got[0].Lane, Published: true, Attempts: 1}})
+		still, written, err := b.st.OutboxWriteAll(b.ctx, b.pool, []store.LaneToken{{Lane: got[0].Lane, Token: uuid.New()}}, []store.OutboxWrite{{ID: m.ID, Lane: got[0].Lane, Published: true, Attempts: 1}})
 		require.NoError(t, err)
 		require.Empty(t, still, "a wrong token holds nothing")
 		require.Zero(t, written)
 		require.Nil(t, b.get(t, m.ID).PublishedAt)
 
-		still, written, err = store.OutboxWriteAll(b.ctx, b.pool, b.st, held,
-			[]store.OutboxWrite{{ID: m.ID, Lane: got[0].Lane, Attempts: 2, Error: "nope", Status: "stopped"}})
+		still, written, err = b.st.OutboxWriteAll(b.ctx, b.pool, held, []store.OutboxWrite{{ID: m.ID, Lane: got[0].Lane, Attempts: 2, Error: "nope", Status: "stopped"}})
 		require.NoError(t, err)
 		require.ElementsMatch(t, []int32{got[0].Lane, got[1].Lane}, still)
 		require.EqualValues(t, 1, written)
@@ -315,17 +293,17 @@ func TestOutboxLanes(t *testing.T) {
 	})
 
 	t.Run("OperatorRetryRewinds", func(t *testing.T) {
-		changed, err := store.OutboxSetStatus(b.ctx, b.pool, b.st, m.ID, "", []string{"stopped", "dead"})
+		changed, err := b.st.OutboxSetStatus(b.ctx, b.pool, m.ID, "", []string{"stopped", "dead"})
 		require.NoError(t, err)
 		require.True(t, changed)
-		changed, err = store.OutboxSetStatus(b.ctx, b.pool, b.st, m.ID, "", []string{"stopped", "dead"})
+		changed, err = b.st.OutboxSetStatus(b.ctx, b.pool, m.ID, "", []string{"stopped", "dead"})
 		require.NoError(t, err)
 		require.False(t, changed, "only a stopped or dead message")
 		r := b.get(t, m.ID)
 		require.Equal(t, "", r.Status)
 		require.Zero(t, r.Attempts)
 
-		renewed, err := store.OutboxRenew(b.ctx, b.pool, b.st, "a", held, time.Minute.Microseconds())
+		renewed, err := b.st.OutboxRenew(b.ctx, b.pool, "a", held, time.Minute.Microseconds())
 		require.NoError(t, err)
 		require.Len(t, renewed, 2)
 		for _, l := range renewed {
@@ -335,7 +313,7 @@ func TestOutboxLanes(t *testing.T) {
 				require.Zero(t, l.Rewind)
 			}
 		}
-		renewed, err = store.OutboxRenew(b.ctx, b.pool, b.st, "a", held, time.Minute.Microseconds())
+		renewed, err = b.st.OutboxRenew(b.ctx, b.pool, "a", held, time.Minute.Microseconds())
 		require.NoError(t, err)
 		require.Zero(t, renewed[0].Rewind+renewed[1].Rewind, "a rewind is handed over once")
 	})
@@ -343,30 +321,29 @@ func TestOutboxLanes(t *testing.T) {
 	t.Run("ExpiredLeaseIsTakenOver", func(t *testing.T) {
 		_, err := b.pool.Exec(b.ctx, `UPDATE idem_outbox_lanes SET expires_at = now() - interval '1 second' WHERE lane = $1`, got[0].Lane)
 		require.NoError(t, err)
-		still, written, err := store.OutboxWriteAll(b.ctx, b.pool, b.st, held,
-			[]store.OutboxWrite{{ID: m.ID, Lane: got[0].Lane, Published: true}})
+		still, written, err := b.st.OutboxWriteAll(b.ctx, b.pool, held, []store.OutboxWrite{{ID: m.ID, Lane: got[0].Lane, Published: true}})
 		require.NoError(t, err)
 		require.Equal(t, []int32{got[1].Lane}, still, "a lease that ran out fences its writes")
 		require.Zero(t, written)
-		taken, err := store.OutboxAcquire(b.ctx, b.pool, b.st, "b", time.Minute.Microseconds(), 4)
+		taken, err := b.st.OutboxAcquire(b.ctx, b.pool, "b", time.Minute.Microseconds(), 4)
 		require.NoError(t, err)
 		require.Len(t, taken, 1)
 		require.Equal(t, got[0].Lane, taken[0].Lane)
 		require.EqualValues(t, 42, taken[0].Floor, "the floor the last owner recorded")
-		renewed, err := store.OutboxRenew(b.ctx, b.pool, b.st, "a", held, time.Minute.Microseconds())
+		renewed, err := b.st.OutboxRenew(b.ctx, b.pool, "a", held, time.Minute.Microseconds())
 		require.NoError(t, err)
 		require.Len(t, renewed, 1, "the old token renews nothing")
 
 		release := taken[0].LaneToken
 		release.Floor = 0
-		require.NoError(t, store.OutboxRelease(b.ctx, b.pool, b.st, "b", []store.LaneToken{release}))
-		lanes, err := store.OutboxLanes(b.ctx, b.pool, b.st)
+		require.NoError(t, b.st.OutboxRelease(b.ctx, b.pool, "b", []store.LaneToken{release}))
+		lanes, err := b.st.OutboxLanes(b.ctx, b.pool)
 		require.NoError(t, err)
 		require.Len(t, lanes, 4)
 		require.Equal(t, "", lanes[got[0].Lane].Owner)
 		require.NotNil(t, lanes[got[0].Lane].Oldest, "its message is not published")
-		require.NoError(t, store.OutboxLeave(b.ctx, b.pool, b.st, "b"))
-		live, err := store.OutboxHeartbeat(b.ctx, b.pool, b.st, "a", time.Minute.Microseconds())
+		require.NoError(t, b.st.OutboxLeave(b.ctx, b.pool, "b"))
+		live, err := b.st.OutboxHeartbeat(b.ctx, b.pool, "a", time.Minute.Microseconds())
 		require.NoError(t, err)
 		require.Equal(t, []string{"a"}, live)
 	})
@@ -374,7 +351,7 @@ func TestOutboxLanes(t *testing.T) {
 
 func TestOutboxList(t *testing.T) {
 	t.Parallel()
-	b := setupOutbox(t)
+	b := setup(t)
 	ms := []store.OutboxMessage{msg("a"), msg("b"), msg("a")}
 	ms[1].Topic = "other"
 	b.append(t, ms...)
@@ -399,7 +376,7 @@ func TestOutboxList(t *testing.T) {
 		if c.p.Limit == 0 {
 			c.p.Limit = 10
 		}
-		rows, err := store.OutboxList(b.ctx, b.pool, b.st, c.p)
+		rows, err := b.st.OutboxList(b.ctx, b.pool, c.p)
 		require.NoError(t, err)
 		var ids []uuid.UUID
 		for _, r := range rows {
@@ -411,7 +388,7 @@ func TestOutboxList(t *testing.T) {
 		}
 		require.Equal(t, want, ids, "%+v", c.p)
 	}
-	_, err = store.OutboxList(b.ctx, b.pool, b.st, store.OutboxListParams{Status: "bogus"})
+	_, err = b.st.OutboxList(b.ctx, b.pool, store.OutboxListParams{Status: "bogus"})
 	require.Error(t, err)
 }
 
@@ -429,7 +406,7 @@ func idAt(at time.Time) [16]byte {
 
 func TestOutboxReap(t *testing.T) {
 	t.Parallel()
-	b := setupOutbox(t)
+	b := setup(t)
 	old := time.Now().Add(-time.Hour)
 	published, unpublished, recent, dead, skipped, kept := msg("a"), msg("b"), msg("c"), msg("d"), msg("e"), msg("a")
 	for _, m := range []*store.OutboxMessage{&published, &unpublished, &dead, &skipped} {
@@ -450,7 +427,7 @@ func TestOutboxReap(t *testing.T) {
 	for _, m := range []store.OutboxMessage{unpublished, recent, dead} {
 		b.get(t, m.ID)
 	}
-	_, err = store.OutboxGet(b.ctx, b.pool, b.st, published.ID)
+	_, err = b.st.OutboxGet(b.ctx, b.pool, published.ID)
 	require.ErrorIs(t, err, pgx.ErrNoRows)
 
 	var keys []string
@@ -482,9 +459,64 @@ func TestParseSnapshot(t *testing.T) {
 }
 
 // getPosOf reads a message's position in tx, which can see it before its COMMIT.
-func (b *outboxBundle) getPosOf(t *testing.T, tx pgx.Tx, id [16]byte) int64 {
+func (b *testBundle) getPosOf(t *testing.T, tx pgx.Tx, id [16]byte) int64 {
 	t.Helper()
-	r, err := store.OutboxGet(b.ctx, tx, b.st, id)
+	r, err := b.st.OutboxGet(b.ctx, tx, id)
 	require.NoError(t, err)
 	return r.Pos
+}
+
+// TestOutboxSchemaQualified runs every outbox statement against tables in a schema that needs
+// quoting, with none in the default one: a statement that forgot to qualify a table fails.
+func TestOutboxSchemaQualified(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const schema = "Tenant-7"
+	require.NoError(t, idem.MigrateTo(b.ctx, b.pool, 0))
+	require.NoError(t, idem.Migrate(b.ctx, b.pool, idem.Schema(schema)))
+	st := store.For(schema)
+	ctx, pool := b.ctx, b.pool
+	for _, msgs := range [][]store.OutboxMessage{{msg("k")}, {msg("")}, {msg("k"), msg("")}} {
+		stmt, err := st.OutboxAppend(msgs)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, stmt.SQL, stmt.Args...)
+		require.NoError(t, err)
+	}
+	_, snap, err := st.OutboxStart(ctx, pool)
+	require.NoError(t, err)
+	f, err := st.OutboxFetch(ctx, pool, store.OutboxFetchParams{Limit: 10, Lanes: 1, Live: []int32{0}, Owned: []int32{0}, From: snap.Xmax})
+	require.NoError(t, err)
+	require.Len(t, f.New, 4)
+	_, _, err = st.OutboxCatchUp(ctx, pool, 0, 100, 10, 1, []int32{0})
+	require.NoError(t, err)
+	n, err := st.OutboxLanesInit(ctx, pool, 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, err = st.OutboxHeartbeat(ctx, pool, "me", time.Minute.Microseconds())
+	require.NoError(t, err)
+	got, err := st.OutboxAcquire(ctx, pool, "me", time.Minute.Microseconds(), 1)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	held := []store.LaneToken{got[0].LaneToken}
+	_, written, err := st.OutboxWriteAll(ctx, pool, held, []store.OutboxWrite{{ID: f.New[0].ID, Lane: 0, Attempts: 1, Status: "stopped"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, written)
+	_, err = st.OutboxSetStatus(ctx, pool, f.New[0].ID, "", []string{"stopped"})
+	require.NoError(t, err)
+	_, err = st.OutboxRenew(ctx, pool, "me", held, time.Minute.Microseconds())
+	require.NoError(t, err)
+	_, err = st.OutboxGet(ctx, pool, f.New[0].ID)
+	require.NoError(t, err)
+	for _, status := range []string{"attention", "pending", "published", "all", "dead"} {
+		_, err = st.OutboxList(ctx, pool, store.OutboxListParams{Status: status, Limit: 10})
+		require.NoError(t, err, status)
+	}
+	_, err = st.OutboxLanes(ctx, pool)
+	require.NoError(t, err)
+	_, err = st.OutboxCounts(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, st.OutboxRelease(ctx, pool, "me", held))
+	require.NoError(t, st.OutboxLeave(ctx, pool, "me"))
+	_, err = pool.Exec(ctx, st.Reap.Outbox, 10, time.Hour.Microseconds())
+	require.NoError(t, err)
 }

@@ -75,7 +75,6 @@ func (t Tables) render(sql string) string {
 // steps.go, waits.go and admin.go (runs).
 type Statements struct {
 	Tables Tables
-	Outbox OutboxStatements
 
 	schema      string
 	keys        keyStatements
@@ -88,6 +87,7 @@ type Statements struct {
 	children    childStatements
 	concurrency concurrencyStatements
 	sched       scheduleStatements
+	outbox      outboxStatements
 }
 
 var cache sync.Map // schema -> *Statements
@@ -101,7 +101,7 @@ func For(schema string) *Statements {
 	s := &Statements{Tables: t, schema: schema, keys: newKeyStatements(t), keyAdmin: newKeyAdminStatements(t), reap: newReapStatements(t), runs: newRunStatements(t),
 		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t),
 		children: newChildStatements(t), concurrency: newConcurrencyStatements(t), sched: newScheduleStatements(t),
-		Outbox: outboxStatements(t)}
+		outbox: newOutboxStatements(t)}
 	actual, _ := cache.LoadOrStore(schema, s)
 	return actual.(*Statements)
 }

@@ -26,7 +26,11 @@ func TestFor(t *testing.T) {
 	t.Run("TablesIn", func(t *testing.T) {
 		t.Parallel()
 		require.Equal(t, store.Tables{Keys: "idem_keys", Runs: "idem_runs", Steps: "idem_steps", Attempts: "idem_step_attempts",
-			Migrations: "idem_migrations", Signals: "idem_signals", Events: "idem_events", Schedules: "idem_schedules"}, store.TablesIn(""))
+			Migrations: "idem_migrations", Signals: "idem_signals", Events: "idem_events", Schedules: "idem_schedules", Outbox: "idem_outbox",
+			OutboxKeys: "idem_outbox_keys", OutboxLanes: "idem_outbox_lanes", OutboxRelays: "idem_outbox_relays",
+			OutboxPosSeq: "'idem_outbox_pos_seq'"}, store.TablesIn(""))
+		// The sequence is named inside a string literal: a quote in the schema is doubled.
+		require.Equal(t, `'"it''s"."idem_outbox_pos_seq"'`, store.TablesIn("it's").OutboxPosSeq)
 		// A name that needs quoting is quoted, so that it cannot end the identifier.
 		require.Equal(t, `"Tenant ""7"""."idem_step_attempts"`, store.TablesIn(`Tenant "7"`).Attempts)
 	})
