@@ -88,16 +88,7 @@ func (b *testBundle) run(t *testing.T, pub outbox.Publisher, opts *outbox.RelayO
 }
 
 // waitFor polls cond until it holds, for at most limit.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %s waiting for %s", limit, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+var waitFor = outboxcheck.WaitFor
 
 // counts reads the outbox's counts by status.
 func (b *testBundle) counts(t *testing.T) map[outbox.Status]int64 {

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/outbox"
@@ -22,13 +23,14 @@ type outboxFlags struct {
 
 func (c *call) outboxOpts() []outbox.Option { return []outbox.Option{outbox.Schema(c.schema)} }
 
-// messageID reads the ID argument.
-func (c *call) messageID() (uuid.UUID, error) {
+// message reads the ID argument and connects.
+func (c *call) message(ctx context.Context) (uuid.UUID, *pgxpool.Pool, error) {
 	id, err := uuid.Parse(c.args[0])
 	if err != nil {
-		return uuid.UUID{}, usagef("%q is not a message id (a UUID, as idem outbox list prints): %v", c.args[0], err)
+		return uuid.UUID{}, nil, usagef("%q is not a message id (a UUID, as idem outbox list prints): %v", c.args[0], err)
 	}
-	return id, nil
+	pool, err := c.connect(ctx)
+	return id, pool, err
 }
 
 var outboxListCmd = &command{
@@ -91,11 +93,7 @@ var outboxShowCmd = &command{
 	args:    []string{"ID"},
 	summary: "Show an outbox message: where it stands, its attempts, headers and payload.",
 	run: func(ctx context.Context, c *call) error {
-		id, err := c.messageID()
-		if err != nil {
-			return err
-		}
-		pool, err := c.connect(ctx)
+		id, pool, err := c.message(ctx)
 		if err != nil {
 			return err
 		}
@@ -150,11 +148,7 @@ var outboxSkipCmd = &command{
 
 // outboxFix runs retry or skip on the message named by the argument.
 func (c *call) outboxFix(ctx context.Context, fix func(context.Context, idem.Beginner, uuid.UUID, ...outbox.Option) error, done string) error {
-	id, err := c.messageID()
-	if err != nil {
-		return err
-	}
-	pool, err := c.connect(ctx)
+	id, pool, err := c.message(ctx)
 	if err != nil {
 		return err
 	}

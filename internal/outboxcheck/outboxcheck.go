@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -143,6 +145,18 @@ func (l *Ledger) Check(want []uuid.UUID) Report {
 		}
 	}
 	return r
+}
+
+// WaitFor polls cond until it holds, and fails tb after limit.
+func WaitFor(tb testing.TB, limit time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("gave up after %s waiting for %s", limit, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Writer appends messages for tests.

@@ -70,7 +70,8 @@ type outboxStatements struct {
 
 	// Renew extends this relay's leases on the lanes whose tokens it still holds, records their
 	// floors, and hands back and clears any rewind an operator asked for. $1 owner, $2 lanes,
-	// $3 tokens, $4 floors, $5 lease µs. Returns each lane renewed and its rewind.
+	// $3 tokens, $4 floors, $5 lease µs. Returns lane, token, floor and rewind (0 for none), as
+	// Acquire does.
 	Renew string
 
 	// Acquire takes up to $3 lanes that have no owner or whose lease ran out, with fresh tokens.
@@ -203,7 +204,7 @@ SELECT array(SELECT owner FROM {outbox_relays} WHERE expires_at > now() AND owne
 )
 UPDATE {outbox_lanes} l SET expires_at = now() + $5::int8 @us, rewind = NULL, floor = greatest(mine.floor, 0)
 FROM mine WHERE l.lane = mine.lane
-RETURNING l.lane, mine.rewind`),
+RETURNING l.lane, l.token, l.floor, coalesce(mine.rewind, 0)`),
 
 		Acquire: t.render(`WITH free AS (
 	SELECT lane, rewind FROM {outbox_lanes} WHERE owner IS NULL OR expires_at <= now()
@@ -211,7 +212,7 @@ RETURNING l.lane, mine.rewind`),
 )
 UPDATE {outbox_lanes} l SET owner = $1, token = gen_random_uuid(), expires_at = now() + $2::int8 @us, rewind = NULL
 FROM free WHERE l.lane = free.lane
-RETURNING l.lane, l.token, l.floor, free.rewind`),
+RETURNING l.lane, l.token, l.floor, coalesce(free.rewind, 0)`),
 
 		Release: t.render(`UPDATE {outbox_lanes} l SET owner = NULL, token = NULL, expires_at = NULL, floor = greatest(h.floor, 0)
 FROM unnest($2::int4[], $3::uuid[], $4::int8[]) AS h(lane, token, floor)

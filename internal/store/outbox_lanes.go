@@ -85,39 +85,22 @@ type LaneRewind struct {
 // OutboxRenew renews the leases of held (recording their floors) and returns the lanes renewed.
 func (st *Statements) OutboxRenew(ctx context.Context, q Querier, owner string, held []LaneToken, leaseUS int64) ([]LaneRewind, error) {
 	lanes, tokens, floors := laneArrays(held)
-	rows, err := q.Query(ctx, st.outbox.Renew, owner, lanes, tokens, floors, leaseUS)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (LaneRewind, error) {
-		var (
-			l      LaneRewind
-			rewind *int64
-		)
-		err := row.Scan(&l.Lane, &rewind)
-		if rewind != nil {
-			l.Rewind = *rewind
-		}
-		return l, err
-	})
+	return collectLanes(q.Query(ctx, st.outbox.Renew, owner, lanes, tokens, floors, leaseUS))
 }
 
 // OutboxAcquire takes up to n free lanes (no owner, or a lease that ran out).
 func (st *Statements) OutboxAcquire(ctx context.Context, q Querier, owner string, leaseUS int64, n int) ([]LaneRewind, error) {
-	rows, err := q.Query(ctx, st.outbox.Acquire, owner, leaseUS, n)
+	return collectLanes(q.Query(ctx, st.outbox.Acquire, owner, leaseUS, n))
+}
+
+// collectLanes reads what Renew and Acquire return: lane, token, floor, rewind.
+func collectLanes(rows pgx.Rows, err error) ([]LaneRewind, error) {
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (LaneRewind, error) {
-		var (
-			l      LaneRewind
-			rewind *int64
-		)
-		err := row.Scan(&l.Lane, (*uuidDest)(&l.Token), &l.Floor, &rewind)
-		if rewind != nil {
-			l.Rewind = *rewind
-		}
-		return l, err
+		var l LaneRewind
+		return l, row.Scan(&l.Lane, (*uuidDest)(&l.Token), &l.Floor, &l.Rewind)
 	})
 }
 

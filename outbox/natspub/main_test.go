@@ -99,16 +99,7 @@ func (b *testBundle) streamCount(t *testing.T) uint64 {
 }
 
 // waitFor polls cond until it holds, for at most limit.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %s waiting for %s", limit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var waitFor = outboxcheck.WaitFor
 
 // waitPublished waits until n messages are published by the database's count.
 func (b *testBundle) waitPublished(t *testing.T, n int64, limit time.Duration) {
