@@ -39,6 +39,7 @@ type options struct {
 	step      time.Duration
 	idleHold  time.Duration
 	killEvery time.Duration
+	killLease time.Duration
 	perTx     int    // throughput: only this many messages per transaction (0: 1 and 100)
 	only      string // throughput: only the variants whose name contains this
 }
@@ -54,6 +55,7 @@ func main() {
 	flag.DurationVar(&o.step, "step", 10*time.Second, "length of each offered-rate step")
 	flag.DurationVar(&o.idleHold, "idle-hold", 30*time.Second, "how long the idle session holds its transaction")
 	flag.DurationVar(&o.killEvery, "kill-every", 3*time.Second, "how often the kill scenario SIGKILLs the relay")
+	flag.DurationVar(&o.killLease, "kill-lease", 0, "RelayOpts.Lease of the relay the kill scenario SIGKILLs (default the default lease)")
 	flag.IntVar(&o.perTx, "per-tx", 0, "throughput: only this many messages per transaction (default both 1 and 100)")
 	flag.StringVar(&o.only, "only", "", "throughput: only the variants whose name contains this")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")

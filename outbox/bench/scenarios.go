@@ -246,7 +246,7 @@ func laneMoves(ctx context.Context, e *env) (join, death time.Duration, err erro
 		return 0, 0, err
 	}
 	t0 := time.Now()
-	child, err := startChild(r.dbURL, e.nats.ClientURL(), "child")
+	child, err := startChild(r.dbURL, e.nats.ClientURL(), "child", 0)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -265,12 +265,12 @@ func laneMoves(ctx context.Context, e *env) (join, death time.Duration, err erro
 }
 
 // startChild runs this program as a relay process (see childRelay).
-func startChild(dbURL, natsURL, name string) (*exec.Cmd, error) {
+func startChild(dbURL, natsURL, name string, lease time.Duration) (*exec.Cmd, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "child-relay", "-db", dbURL, "-nats", natsURL, "-name", name)
+	cmd := exec.Command(self, "child-relay", "-db", dbURL, "-nats", natsURL, "-name", name, "-lease", lease.String())
 	cmd.Stderr = os.Stderr
 	return cmd, cmd.Start()
 }
@@ -281,6 +281,7 @@ func childRelay(args []string) int {
 	dbURL := fs.String("db", "", "database URL")
 	natsURL := fs.String("nats", "", "NATS URL")
 	name := fs.String("name", "child", "relay name")
+	lease := fs.Duration("lease", 0, "RelayOpts.Lease (0: the default)")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *dbURL)
@@ -294,7 +295,7 @@ func childRelay(args []string) int {
 		return 1
 	}
 	js, _ := jetstream.New(nc)
-	relay, err := outbox.NewRelay(pool, natspub.New(js, nil), &outbox.RelayOpts{Name: *name, Logger: slog.New(slog.DiscardHandler)})
+	relay, err := outbox.NewRelay(pool, natspub.New(js, nil), &outbox.RelayOpts{Name: *name, Lease: *lease, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -308,8 +309,8 @@ func childRelay(args []string) int {
 // envelope) in the same transaction, 8 clients as fast as they go, interleaved.
 func appendScenario(ctx context.Context, e *env, o options) error {
 	fmt.Printf("## append inside the transfer transaction (8 clients, closed loop, %s each, interleaved)\n\n", o.step/2)
-	fmt.Println("| round | transfer alone tx/s | + outbox.Append tx/s (ratio) | + watermill publisher tx/s (ratio) |")
-	fmt.Println("|---|---|---|---|")
+	fmt.Println("| round | transfer alone tx/s | + outbox.Append tx/s (ratio) | + watermill publisher tx/s (ratio) | + Append, 16 B payload (ratio) | + Append, no key (ratio) |")
+	fmt.Println("|---|---|---|---|---|---|")
 	type appender func(ctx context.Context, t pgx.Tx, m benchMsg) error
 	variants := []struct {
 		name string
@@ -321,6 +322,15 @@ func appendScenario(ctx context.Context, e *env, o options) error {
 		}},
 		{"watermill", func(ctx context.Context, t pgx.Tx, m benchMsg) error {
 			return watermillVariant{}.appendTx(ctx, t, []benchMsg{m})
+		}},
+		// Where the cost goes: a 16-byte payload, and no key (no sequence number, no key lock).
+		{"idem-small", func(ctx context.Context, t pgx.Tx, m benchMsg) error {
+			m.payload = m.payload[:16]
+			return idemVariant{}.appendTx(ctx, t, []benchMsg{m})
+		}},
+		{"idem-nokey", func(ctx context.Context, t pgx.Tx, m benchMsg) error {
+			m.key = ""
+			return idemVariant{}.appendTx(ctx, t, []benchMsg{m})
 		}},
 	}
 	r, err := newRun(ctx, e, watermillVariant{})
@@ -335,6 +345,7 @@ func appendScenario(ctx context.Context, e *env, o options) error {
 		rates := map[string]float64{}
 		for _, v := range variants {
 			var n atomic.Int64
+			var firstErr atomic.Pointer[error]
 			var wg sync.WaitGroup
 			deadline := time.Now().Add(o.step / 2)
 			for range benchWriters {
@@ -356,6 +367,8 @@ func appendScenario(ctx context.Context, e *env, o options) error {
 						})
 						if err == nil {
 							n.Add(1)
+						} else if firstErr.CompareAndSwap(nil, &err) {
+							fmt.Fprintf(os.Stderr, "bench: append %s: %v\n", v.name, err)
 						}
 					}
 				})
@@ -363,8 +376,9 @@ func appendScenario(ctx context.Context, e *env, o options) error {
 			wg.Wait()
 			rates[v.name] = float64(n.Load()) / (o.step / 2).Seconds()
 		}
-		fmt.Printf("| %d | %.0f | %.0f (%.2f) | %.0f (%.2f) |\n", round, rates["bare"], rates["idem"], rates["idem"]/rates["bare"],
-			rates["watermill"], rates["watermill"]/rates["bare"])
+		fmt.Printf("| %d | %.0f | %.0f (%.2f) | %.0f (%.2f) | %.0f (%.2f) | %.0f (%.2f) |\n", round, rates["bare"], rates["idem"], rates["idem"]/rates["bare"],
+			rates["watermill"], rates["watermill"]/rates["bare"], rates["idem-small"], rates["idem-small"]/rates["bare"],
+			rates["idem-nokey"], rates["idem-nokey"]/rates["bare"])
 	}
 	fmt.Println()
 	return nil
@@ -373,7 +387,11 @@ func appendScenario(ctx context.Context, e *env, o options) error {
 // killScenario offers 3,000 msg/s while the relay, in a child process, is SIGKILLed every few
 // seconds and started again at once; a consumer of the stream measures COMMIT to delivery.
 func killScenario(ctx context.Context, e *env, o options) error {
-	fmt.Printf("## relay SIGKILLed every %s (3,000 msg/s, 1 msg/tx, 30s; latency COMMIT to the consumer)\n\n", o.killEvery)
+	lease := o.killLease
+	if lease == 0 {
+		lease = outbox.DefaultLease
+	}
+	fmt.Printf("## relay SIGKILLed every %s, lease %s (3,000 msg/s, 1 msg/tx, 30s; latency COMMIT to the consumer)\n\n", o.killEvery, lease)
 	fmt.Println("| round | kills | p50 / p99 / max ms | lost | stored twice in the stream |")
 	fmt.Println("|---|---|---|---|---|")
 	for round := 1; round <= o.rounds; round++ {
@@ -393,7 +411,7 @@ func killScenario(ctx context.Context, e *env, o options) error {
 		if err != nil {
 			return err
 		}
-		child, err := startChild(r.dbURL, e.nats.ClientURL(), "killed")
+		child, err := startChild(r.dbURL, e.nats.ClientURL(), "killed", o.killLease)
 		if err != nil {
 			return err
 		}
@@ -407,7 +425,7 @@ func killScenario(ctx context.Context, e *env, o options) error {
 			_ = child.Process.Signal(syscall.SIGKILL)
 			_ = child.Wait()
 			kills++
-			if child, err = startChild(r.dbURL, e.nats.ClientURL(), "killed"); err != nil {
+			if child, err = startChild(r.dbURL, e.nats.ClientURL(), "killed", o.killLease); err != nil {
 				cancel()
 				return err
 			}
