@@ -517,6 +517,6 @@ func TestOutboxSchemaQualified(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.OutboxRelease(ctx, pool, "me", held))
 	require.NoError(t, st.OutboxLeave(ctx, pool, "me"))
-	_, err = pool.Exec(ctx, st.Reap.Outbox, 10, time.Hour.Microseconds())
+	_, err = st.ReapOutbox(ctx, pool, 10, time.Hour.Microseconds())
 	require.NoError(t, err)
 }
