@@ -64,7 +64,7 @@
 // # Storage
 //
 // Messages live in idem_outbox, each key's last sequence number in idem_outbox_keys, the lanes
-// and live relays in idem_outbox_lanes and idem_outbox_relays (migration 7, outbox; run idem.Migrate).
+// and live relays in idem_outbox_lanes and idem_outbox_relays (migration 8, outbox; run idem.Migrate).
 // idem.Reap deletes messages published longer ago than idem.OutboxRetention (24 hours by
 // default); dead-lettered and stopped messages wait for an operator.
 package outbox
