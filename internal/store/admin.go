@@ -65,14 +65,14 @@ WHERE scope = $1 AND id = $2 ORDER BY seq`),
 
 		// A checkpoint being committed holds the row (its fence), so this waits for it, and a
 		// checkpoint that comes after it sees what this transaction wrote.
-		runLock: t.render(`SELECT state, workflow, coalesce(lease_expires_at > now(), false), coalesce(lease_owner, '')
+		runLock: t.render(`SELECT state, workflow, coalesce(lease_expires_at > {now}, false), coalesce(lease_owner, '')
 FROM {runs} WHERE scope = $1 AND id = $2 FOR UPDATE`),
 
 		// The lease's token goes, so that the owner's next checkpoint or renewal fails its
 		// fence; its owner and expiry stay: the owner may still be finishing a step until then,
 		// and a resume must not start a second owner beside it.
 		runCancel: t.render(`UPDATE {runs} SET state = 'cancelled', output = $3, lease_token = NULL,
-	updated_at = now(), finished_at = now(), expires_at = now() + $4::int8 @us
+	updated_at = {now}, finished_at = {now}, expires_at = {now} + $4::int8 @us
 WHERE scope = $1 AND id = $2`),
 
 		stepCount: t.render(`SELECT count(*)::int4 FROM {steps} WHERE scope = $1 AND id = $2`),
@@ -94,7 +94,7 @@ WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND
 SELECT seq FROM deleted`),
 
 		runReopen: t.render(`UPDATE {runs} SET state = 'running', output = NULL, attempts = 0, lease_token = NULL,
-	lease_owner = NULL, lease_expires_at = now(), last_error = NULL, updated_at = now(), finished_at = NULL,
+	lease_owner = NULL, lease_expires_at = {now}, last_error = NULL, updated_at = {now}, finished_at = NULL,
 	expires_at = NULL
 WHERE scope = $1 AND id = $2
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),

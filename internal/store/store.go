@@ -39,6 +39,8 @@ import (
 // Tables are the qualified names of idem's tables in one schema.
 type Tables struct {
 	Keys, Runs, Steps, Attempts, Migrations, Signals, Events, Schedules string
+
+	clock clock // how the statements read the time; the zero clock is Postgres's
 }
 
 // TablesIn returns the names of idem's tables in schema; "" leaves them unqualified, so that
@@ -54,11 +56,15 @@ func TablesIn(schema string) Tables {
 		Migrations: name("idem_migrations"), Signals: name("idem_signals"), Events: name("idem_events"), Schedules: name("idem_schedules")}
 }
 
-// render names t's tables in sql, and spells durations given in microseconds as intervals.
+// render names t's tables in sql, spells durations given in microseconds as intervals, and
+// writes the clock's expressions where the statements read the time ({now}, {statement_now}).
 func (t Tables) render(sql string) string {
+	if t.clock == (clock{}) {
+		t.clock = postgresClock
+	}
 	return strings.NewReplacer(
 		"{keys}", t.Keys, "{runs}", t.Runs, "{steps}", t.Steps, "{attempts}", t.Attempts, "{migrations}", t.Migrations,
-		"{signals}", t.Signals, "{events}", t.Events, "{schedules}", t.Schedules,
+		"{signals}", t.Signals, "{events}", t.Events, "{schedules}", t.Schedules, "{now}", t.clock.now, "{statement_now}", t.clock.statementNow,
 		"@us", "* interval '1 microsecond'",
 	).Replace(sql)
 }
@@ -82,18 +88,29 @@ type Statements struct {
 	sched       scheduleStatements
 }
 
-var cache sync.Map // schema -> *Statements
+var cache sync.Map // cacheKey -> *Statements
+
+type cacheKey struct {
+	schema  string
+	virtual bool
+}
 
 // For returns the statements for schema, built on first use.
-func For(schema string) *Statements {
-	if s, ok := cache.Load(schema); ok {
+func For(schema string) *Statements { return statementsFor(cacheKey{schema: schema}) }
+
+func statementsFor(k cacheKey) *Statements {
+	if s, ok := cache.Load(k); ok {
 		return s.(*Statements)
 	}
+	schema := k.schema
 	t := TablesIn(schema)
+	if k.virtual {
+		t.clock = virtualClock(schema)
+	}
 	s := &Statements{Tables: t, Keys: keyStatements(t), KeyAdmin: keyAdminStatements(t), Reap: reapStatements(t), schema: schema, runs: newRunStatements(t),
 		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t),
 		children: newChildStatements(t), concurrency: newConcurrencyStatements(t), sched: newScheduleStatements(t)}
-	actual, _ := cache.LoadOrStore(schema, s)
+	actual, _ := cache.LoadOrStore(k, s)
 	return actual.(*Statements)
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -68,4 +69,23 @@ func TestStatementTexts(t *testing.T) {
 	want, err := os.ReadFile(golden)
 	require.NoError(t, err)
 	require.Equal(t, string(want), b.String(), "a production statement changed; if on purpose, rerun with -update and review the diff")
+}
+
+// TestVirtualClockTexts: the test engine's statements read the virtual clock everywhere the
+// production ones read Postgres's, and no placeholder is left unrendered in either.
+func TestVirtualClockTexts(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"", "app"} {
+		prod, virtual := statementTexts(For(schema)), statementTexts(ForVirtualClock(schema))
+		require.Equal(t, len(prod), len(virtual))
+		placeholder := regexp.MustCompile(`\{[a-z_]+\}`)
+		for name, text := range virtual {
+			require.False(t, placeholder.MatchString(text), "%s has a placeholder left", name)
+			require.False(t, placeholder.MatchString(prod[name]), "%s has a placeholder left", name)
+			if strings.Contains(name, "runs.") || strings.Contains(name, "waits.") || strings.Contains(name, "admin.") {
+				require.Equal(t, strings.Count(prod[name], "now()")+strings.Count(prod[name], "statement_timestamp()"),
+					strings.Count(text, ClockTable), "%s: every read of the time goes through the virtual clock", name)
+			}
+		}
+	}
 }
