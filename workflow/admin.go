@@ -208,7 +208,8 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		// transaction, which copies its history too, commits.
 		ok, err = e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
 			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout, Concurrency: src.Concurrency,
-			Attributes: src.Attributes}, resumeForked)
+			Attributes: src.Attributes,
+			Version:    src.Version}, resumeForked)
 		switch {
 		case err != nil:
 			return fmt.Errorf("workflow: error creating the forked run: %w", err)

@@ -111,7 +111,8 @@ func (w *Workflow[In, Out]) StartChild(ctx context.Context, step string, in In, 
 		}
 		started, err := e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint,
 			Workflow: w.name, Input: input, Trace: traceparent(ctx), Timeout: opts.Timeout,
-			Parent: &store.ParentRef{Scope: rs.scope, ID: rs.id, Seq: info.Seq, Close: closeRule}, Concurrency: conc}, resumeChild)
+			Parent: &store.ParentRef{Scope: rs.scope, ID: rs.id, Seq: info.Seq, Close: closeRule}, Concurrency: conc,
+			Version: e.cfg.Version}, resumeChild)
 		if err != nil {
 			return nil, fmt.Errorf("error starting child: %w", err)
 		}

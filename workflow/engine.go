@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -103,6 +104,24 @@ type Config struct {
 	// ReapInterval is how often expired keys (of finished runs, and of idem.Do) are deleted, by
 	// idem.Reap in idemriver's reap job. At least one second; default 1 minute.
 	ReapInterval time.Duration
+
+	// Version names the code this engine runs, for the runs it starts and the attempts it makes:
+	// every run records the version that started it and the version of its latest attempt
+	// (RunRow.Version, RunRow.AttemptVersion), and RunList filters on it. Default: the VCS
+	// revision the binary was built from (debug.ReadBuildInfo's vcs.revision, with "-dirty" for a
+	// modified work tree), else the main module's version, else [UnknownVersion]. At most 255
+	// bytes.
+	Version string
+
+	// ResumeVersions, when set, restricts the runs this engine resumes, wakes or takes over to
+	// those started by these versions (and its own Version, always included): the others are
+	// left, with a log line, to an engine of their version, as DBOS's application versions do. Use
+	// it when a deploy changes workflows incompatibly and old runs must finish on old code that
+	// keeps running beside the new. Runs stored before versions were recorded are anyone's.
+	// Default: every run, whatever its version.
+	//
+	//	cfg := &workflow.Config{Version: "2026-11-23.1", ResumeVersions: []string{"2026-11-23.1"}}
+	ResumeVersions []string
 
 	// Schema is the Postgres schema of idem's tables, as given to idem.Migrate with idem.Schema.
 	// Default "": search_path decides.
@@ -239,6 +258,20 @@ func (c *Config) setDefaults() error {
 			}
 			if c.Logger == nil {
 				c.Logger = slog.Default()
+			}
+			if c.Version == "" {
+				c.Version = buildVersion()
+			}
+			if len(c.Version) > 255 {
+				return fmt.Errorf("workflow: Version cannot be longer than 255 bytes (got %d)", len(c.Version))
+			}
+			for i, v := range c.ResumeVersions {
+				if v == "" {
+					return fmt.Errorf("workflow: ResumeVersions[%d] cannot be empty; list the versions whose runs this engine resumes", i)
+				}
+			}
+			if len(c.ResumeVersions) > 0 && !slices.Contains(c.ResumeVersions, c.Version) {
+				c.ResumeVersions = append(slices.Clip(c.ResumeVersions), c.Version)
 			}
 			return nil
 		}(),

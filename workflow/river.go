@@ -200,6 +200,11 @@ func (e *Engine) resume(ctx context.Context, scope, id, reason string) error {
 func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *store.Inspected, reason string) (string, error) {
 	def, ok := e.workflows[row.Workflow]
 	switch {
+	case !e.resumes(row.Version):
+		// Another deployment runs the run's version (DBOS's model): the job comes back, and
+		// whichever process of that version takes it resumes the run.
+		e.leaveToVersion(ctx, row.Workflow, scope, id, row.Version, "job")
+		return "snoozed", river.JobSnooze(e.cfg.ScanInterval)
 	case !ok:
 		grace := e.cfg.UnregisteredGrace
 		if row.ExpiredFor < grace {

@@ -244,7 +244,8 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 	}
 	token := newToken() // one per call, so that a pass can recognise a start of an earlier pass that landed
 	start := store.RunStartParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: name, Input: input, Token: token,
-		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout, Concurrency: conc, Attributes: attrs}
+		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout, Concurrency: conc, Attributes: attrs,
+		Version: e.cfg.Version}
 	var lost time.Time // when a start of this call's was lost with its COMMIT (see below)
 	inFlight := func(after time.Duration) error {
 		return &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, after)}
@@ -342,6 +343,9 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		case kr.Attempts >= e.cfg.MaxAttempts:
 			// Out of attempts: the recovery jobs hand it to the reconcile hook.
 			return nil, false, inFlight(e.cfg.ScanInterval)
+		case !e.resumes(kr.Version):
+			e.leaveToVersion(ctx, name, key.Scope, key.ID, kr.Version, "call")
+			return nil, false, inFlight(e.cfg.ScanInterval)
 		}
 		rs, stored, err := e.takeOver(ctx, def, key.Scope, key.ID, kr.Token, "call")
 		if err != nil {
@@ -362,7 +366,8 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 // by says who takes it: "job" (a resume job) or "call" (a call of Workflow.Run).
 func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *pgtype.UUID, by string) (*runState, []byte, error) {
 	rs := e.newRun(def, scope, id, newToken())
-	c, ok, err := e.st.RunTakeover(ctx, e.db, rs.lease(), old, e.owner, e.cfg.Lease)
+	c, ok, err := e.st.RunTakeover(ctx, e.db, store.TakeoverParams{LeaseParams: rs.lease(), Old: old, Owner: e.owner, Lease: e.cfg.Lease,
+		Version: e.cfg.Version})
 	if err != nil {
 		return nil, nil, fmt.Errorf("workflow: error taking over run: %w", err)
 	}

@@ -150,7 +150,8 @@ func (e *Engine) startTick(ctx context.Context, client *river.Client[pgx.Tx], t 
 	maps.Copy(attrs, s.Attributes)
 	attrs[ScheduleAttribute] = s.Name
 	started, err := e.startOwnerless(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Workflow: s.Workflow, Input: s.Input,
-		Fingerprint: idem.Fingerprint("idem.workflow.input", s.Workflow, string(s.Input)), Attributes: attrs, Concurrency: s.Concurrency},
+		Fingerprint: idem.Fingerprint("idem.workflow.input", s.Workflow, string(s.Input)), Attributes: attrs, Concurrency: s.Concurrency,
+		Version: e.cfg.Version},
 		resumeScheduled)
 	switch {
 	case errors.Is(err, idem.ErrMismatch):

@@ -80,7 +80,7 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 		return err
 	}
 	_, err = e.startOwnerless(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name,
-		Input: input, Trace: traceparent(ctx), Concurrency: conc, Attributes: o.Attributes}, resumeStarted)
+		Input: input, Trace: traceparent(ctx), Concurrency: conc, Attributes: o.Attributes, Version: e.cfg.Version}, resumeStarted)
 	return err
 }
 
@@ -112,7 +112,7 @@ func (e *Engine) startOwnerless(ctx context.Context, client *river.Client[pgx.Tx
 	// An expired, finished key is a new key, as for Run: take it, ownerless.
 	r, ok, err := e.st.RunReplace(ctx, t, store.RunReplaceParams{RunStartParams: store.RunStartParams{Scope: key.Scope, ID: key.ID,
 		Fingerprint: p.Fingerprint, Workflow: p.Workflow, Input: p.Input, Trace: p.Trace, Timeout: p.Timeout, Concurrency: p.Concurrency,
-		Attributes: p.Attributes}, Queued: p.Concurrency != nil})
+		Attributes: p.Attributes, Version: p.Version}, Queued: p.Concurrency != nil})
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("workflow: error starting run: %w", err)

@@ -413,7 +413,7 @@ func (rs *runState) recordStopped(ctx context.Context, info *StepInfo, err error
 
 func (rs *runState) attemptParams(info *StepInfo, outcome store.AttemptOutcome, err error) store.AttemptParams {
 	return store.AttemptParams{LeaseParams: rs.lease(), Seq: info.Seq, Name: info.Name, Kind: info.Kind, Attempt: info.Attempt,
-		Outcome: outcome, Error: clipError(err.Error(), maxAttemptError), Keep: rs.e.cfg.StepAttemptsKept}
+		Outcome: outcome, Error: clipError(err.Error(), maxAttemptError), Keep: rs.e.cfg.StepAttemptsKept, Version: rs.e.cfg.Version}
 }
 
 // clipError cuts msg to at most n bytes, on a rune boundary, and says that it did.

@@ -207,6 +207,10 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 		}
 		return nil
 	}
+	if !e.resumes(w.Version) {
+		e.leaveToVersion(ctx, name, a.Scope, a.ID, w.Version, "wake")
+		return river.JobSnooze(e.cfg.ScanInterval)
+	}
 	def, ok := e.workflows[name]
 	if !ok {
 		// Another deployment may know the workflow (a rolling deploy). A waiting run has no
@@ -218,7 +222,8 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 		return river.JobSnooze(e.cfg.ScanInterval)
 	}
 	rs := e.newRun(def, a.Scope, a.ID, newToken())
-	c, ok, err := e.st.RunWake(ctx, e.db, store.WakeParams{LeaseParams: rs.lease(), Generation: a.Generation, Seq: a.Seq, Owner: e.owner, Lease: e.cfg.Lease})
+	c, ok, err := e.st.RunWake(ctx, e.db, store.WakeParams{LeaseParams: rs.lease(), Generation: a.Generation, Seq: a.Seq, Owner: e.owner, Lease: e.cfg.Lease,
+		Version: e.cfg.Version})
 	if err != nil {
 		return fmt.Errorf("workflow: error waking run: %w", err)
 	}

@@ -271,7 +271,8 @@ func TestCLI(t *testing.T) {
 			}
 			return "paid", nil
 		})
-		e, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{wf}, Lease: time.Second, ScanInterval: time.Second, Logger: quiet()})
+		e, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{wf}, Lease: time.Second, ScanInterval: time.Second, Logger: quiet(),
+			Version: "v1"})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = e.Close() })
 		workers := river.NewWorkers()
@@ -294,16 +295,22 @@ func TestCLI(t *testing.T) {
 		require.ErrorIs(t, err, workflow.ErrFailed)
 
 		out := b.ok(t, "runs", "list")
-		require.Regexp(t, `(?m)^CREATED\s+SCOPE\s+ID\s+WORKFLOW\s+STATE\s+ATTEMPTS\s+ERROR$`, out)
-		require.Regexp(t, `(?m)merchant:7\s+payout-1\s+payout\s+failed\s+1\s+.*card processor down`, out)
+		require.Regexp(t, `(?m)^CREATED\s+SCOPE\s+ID\s+WORKFLOW\s+VERSION\s+STATE\s+ATTEMPTS\s+ERROR$`, out)
+		require.Regexp(t, `(?m)merchant:7\s+payout-1\s+payout\s+v1\s+failed\s+1\s+.*card processor down`, out)
 		var page workflow.RunListResult
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--state", "failed,cancelled", "--workflow", "payout", "--since", "1h", "--json")), &page))
 		require.Len(t, page.Runs, 1)
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--state", "done", "--json")), &page))
 		require.Empty(t, page.Runs)
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--version", "v0,v1", "--json")), &page))
+		require.Len(t, page.Runs, 1)
+		require.Equal(t, "v1", page.Runs[0].Version)
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--version", "v2", "--json")), &page))
+		require.Empty(t, page.Runs)
 
 		out = b.ok(t, "runs", "show", "merchant:7", "payout-1")
 		require.Regexp(t, `(?m)^state\s+failed$`, out)
+		require.Regexp(t, `(?m)^version\s+v1$`, out)
 		require.Regexp(t, `(?m)^1\s+reserve\s+call\s+1\s+\S+\s+"reserve ok"$`, out)
 		require.Regexp(t, `(?m)^2\s+charge\s+call\s+1\s+\S+\s+error: card processor down$`, out)
 		require.Regexp(t, `(?m)^SEQ\s+STEP\s+ATTEMPT\s+AT\s+OUTCOME\s+ERROR$`, out, "every failed attempt is shown")

@@ -56,21 +56,22 @@ func riverFlags(fs *flag.FlagSet, c *call) {
 }
 
 type listFlags struct {
-	states, workflows, scope, since, until, after, parent string
-	limit                                                 int
-	attrs                                                 map[string]string
+	states, workflows, versions, scope, since, until, after, parent string
+	limit                                                           int
+	attrs                                                           map[string]string
 }
 
 var runsListCmd = &command{
 	name:    "runs list",
 	summary: "List runs, newest first.",
 	help: "--since and --until take an RFC 3339 time or a duration before now (24h, 90m).\n" +
-		"--state and --workflow take a comma-separated list. --parent lists the children of the\n" +
-		"run with that ID in --scope. When more runs match than --limit, the last line gives\n" +
-		"the --after cursor of the next page.",
+		"--state, --workflow and --version take a comma-separated list. --parent lists the\n" +
+		"children of the run with that ID in --scope. When more runs match than --limit, the\n" +
+		"last line gives the --after cursor of the next page.",
 	flags: func(fs *flag.FlagSet, c *call) {
 		fs.StringVar(&c.list.states, "state", "", "only runs in these states (running,done,failed,cancelled,...)")
 		fs.StringVar(&c.list.workflows, "workflow", "", "only runs of these workflows")
+		fs.StringVar(&c.list.versions, "version", "", "only runs started by these code versions (workflow.Config.Version)")
 		fs.StringVar(&c.list.scope, "scope", "", "only runs in this scope")
 		fs.StringVar(&c.list.since, "since", "", "only runs created at or after this time")
 		fs.StringVar(&c.list.until, "until", "", "only runs created before this time")
@@ -91,7 +92,8 @@ var runsListCmd = &command{
 	},
 	run: func(ctx context.Context, c *call) error {
 		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows),
-			Attributes: c.list.attrs}
+			Attributes: c.list.attrs,
+			Versions:   splitList(c.list.versions)}
 		if c.list.parent != "" {
 			if c.list.scope == "" {
 				return usagef("--parent needs --scope: a run's children are in its scope")
@@ -130,9 +132,10 @@ var runsListCmd = &command{
 				return c.printJSON(res)
 			}
 			t := newTable(c.stdout)
-			t.row("CREATED", "SCOPE", "ID", "WORKFLOW", "STATE", "ATTEMPTS", "ERROR")
+			t.row("CREATED", "SCOPE", "ID", "WORKFLOW", "VERSION", "STATE", "ATTEMPTS", "ERROR")
 			for _, r := range res.Runs {
-				t.row(stamp(r.Created), r.Scope, r.ID, r.Workflow, string(r.State), strconv.Itoa(r.Attempts), orDash(clip(cmp.Or(r.Error, r.LastError), 80)))
+				t.row(stamp(r.Created), r.Scope, r.ID, r.Workflow, orDash(clip(r.Version, 12)), string(r.State), strconv.Itoa(r.Attempts),
+					orDash(clip(cmp.Or(r.Error, r.LastError), 80)))
 			}
 			t.flush()
 			if res.Next != "" {
@@ -166,6 +169,10 @@ var runsShowCmd = &command{
 			t.row("workflow", r.Workflow)
 			t.row("state", string(r.State))
 			t.row("attempts", strconv.Itoa(r.Attempts))
+			t.row("version", orDash(r.Version))
+			if r.AttemptVersion != "" && r.AttemptVersion != r.Version {
+				t.row("attempt version", r.AttemptVersion)
+			}
 			lease := "-"
 			if r.LeaseOwner != "" || r.LeaseExpires != nil {
 				lease = orDash(r.LeaseOwner) + " until " + stampPtr(r.LeaseExpires)

@@ -39,7 +39,7 @@ func statementTexts(st *Statements) map[string]string {
 	}
 	since := time.Unix(0, 0)
 	texts["listRuns(all filters)"], _ = st.listRuns(RunFilter{States: []string{"failed"}, Workflows: []string{"w"},
-		Scope: "s", Since: &since, Until: &since, After: &RunCursor{}, Limit: 1})
+		Versions: []string{"v"}, Scope: "s", Since: &since, Until: &since, After: &RunCursor{}, Limit: 1})
 	return texts
 }
 

@@ -37,11 +37,11 @@ RETURNING seq, payload`),
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
 		inspect: t.render(`SELECT state, workflow, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0),
-	coalesce(deadline <= {now}, false)
+	coalesce(deadline <= {now}, false), coalesce(version, '')
 FROM {runs} WHERE scope = $1 AND id = $2`),
 
 		wake: t.render(`UPDATE {runs} SET state = 'running', lease_token = $5, lease_owner = $6,
-	lease_expires_at = {now} + $7::int8 @us, attempts = attempts + 1, updated_at = {now}
+	lease_expires_at = {now} + $7::int8 @us, attempts = attempts + 1, attempt_version = $8, updated_at = {now}
 WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND ($4::int4 = 0 OR wait_seq = $4)
 ` + claimReturning),
@@ -141,12 +141,13 @@ type WaitInspected struct {
 	Created  int64 // µs: the run's generation
 	Seq      int   // the waiting step, 0 for none
 	Overdue  bool  // its deadline has passed
+	Version  string
 }
 
 // WaitInspect reads a run for its wake-up job. ok is false when there is none.
 func (st *Statements) WaitInspect(ctx context.Context, q Querier, scope, id string) (WaitInspected, bool, error) {
 	var w WaitInspected
-	err := q.QueryRow(ctx, st.waits.inspect, scope, id).Scan(&w.State, &w.Workflow, &w.Created, &w.Seq, &w.Overdue)
+	err := q.QueryRow(ctx, st.waits.inspect, scope, id).Scan(&w.State, &w.Workflow, &w.Created, &w.Seq, &w.Overdue, &w.Version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return WaitInspected{}, false, nil
 	}
@@ -161,12 +162,13 @@ type WakeParams struct {
 	Seq        int
 	Owner      string
 	Lease      time.Duration
+	Version    string // the code version of the waker, which the run's attempt_version becomes
 }
 
 // RunWake takes a waiting run with the caller's lease. ok is false when it no longer waits where
 // the caller was told (another job woke it first, it finished, it was cancelled).
 func (st *Statements) RunWake(ctx context.Context, q Querier, p WakeParams) (Claim, bool, error) {
-	return scanClaim(q.QueryRow(ctx, st.waits.wake, p.Scope, p.ID, p.Generation, p.Seq, p.Token, p.Owner, micros(p.Lease)))
+	return scanClaim(q.QueryRow(ctx, st.waits.wake, p.Scope, p.ID, p.Generation, p.Seq, p.Token, p.Owner, micros(p.Lease), p.Version))
 }
 
 // RunTimeOut finishes a waiting run of generation created whose deadline has passed as timed
