@@ -84,9 +84,15 @@ type RunRow struct {
 	Version        string `json:"version,omitempty"`
 	AttemptVersion string `json:"attempt_version,omitempty"`
 
-	// LastError is why the last attempt stopped without an outcome (a panic, code that no longer
-	// matches the history), when known.
+	// LastError is why the last attempt stopped without an outcome (a panic, a lost database),
+	// when known.
 	LastError string `json:"last_error,omitempty"`
+
+	// Reason says why the engine, rather than the workflow's code, failed the run:
+	// FailureNondeterministic when its code diverged from its history, with Divergence saying
+	// where (Error says what to do). "" otherwise.
+	Reason     FailureReason `json:"reason,omitempty"`
+	Divergence *Divergence   `json:"divergence,omitempty"`
 
 	// Input is the run's input as JSON. Output is the output as JSON when done, and
 	// {"error": "..."} when failed, cancelled or timed out; Error is that message.
@@ -197,7 +203,7 @@ func runRow(r *store.RunRecord) *RunRow {
 	if run.State.Finished() && run.State != RunStateDone {
 		var f storedFailure
 		if json.Unmarshal(r.Output, &f) == nil {
-			run.Error = f.Error
+			run.Error, run.Reason, run.Divergence = f.Error, f.Reason, f.Divergence
 		}
 	}
 	if r.ParentScope != nil && r.ParentID != nil {

@@ -3,19 +3,23 @@ package workflow
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/keyctx"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txctl"
 	"github.com/idemkit/idem/tx"
 )
@@ -52,11 +56,16 @@ type runState struct {
 
 	retryAfter time.Duration // for a suspended run: until its wake-up, as a hint to callers
 
+	// replayOnly marks a replay (replay.go): the run's history is matched against its code, and
+	// the execution ends where the code goes past the history, before anything runs or is written.
+	replayOnly bool
+
 	mu        sync.Mutex
-	next      int     // seq of the next step, from 1
-	busy      string  // name of the step in progress, "" when none
-	end       *ending // why this process's part in the run ended early; set once
-	committed bool    // the run's row is committed, so that renewals and takeovers see it
+	next      int            // seq of the next step, from 1
+	patches   map[string]int // the change ids of Patched and Deprecated calls so far, with their positions
+	busy      string         // name of the step in progress, "" when none
+	end       *ending        // why this process's part in the run ended early; set once
+	committed bool           // the run's row is committed, so that renewals and takeovers see it
 
 	hasParent bool               // a child run: its final transaction wakes its parent
 	conc      *store.Concurrency // its concurrency key: its final transaction starts a queued run of it
@@ -108,6 +117,8 @@ const (
 	endRestart
 	// endDeadline: the run's deadline passed at a step boundary; it is stored as timed out.
 	endDeadline
+	// endReplayed: a replay reached the end of the run's history (see pastHistory).
+	endReplayed
 )
 
 // ending is why an execution ended early: the first one recorded wins.
@@ -517,6 +528,10 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 		case endDeadline:
 			return rs.timeOut(ctx)
 		}
+		var nd *NonDeterminismError
+		if errors.As(end.err, &nd) {
+			return e.diverged(ctx, rs, nd)
+		}
 		return e.abandon(ctx, rs, end.err)
 	}
 	switch {
@@ -525,8 +540,8 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 	case errors.As(ferr, &mErr):
 		return e.abandon(ctx, rs, ferr)
 	}
-	if s, ok := rs.history.from(rs.next); ok {
-		return e.abandon(ctx, rs, &NonDeterminismError{Workflow: rs.def.Name(), Seq: s.Seq, Stored: s.Kind + ":" + s.Name})
+	if nd := rs.unconsumed(); nd != nil {
+		return e.diverged(ctx, rs, nd)
 	}
 
 	state, result := store.RunDone, out
@@ -653,10 +668,25 @@ func (e *Engine) reload(ctx context.Context, rs *runState) (outcome, bool) {
 		return e.abandon(ctx, rs, &machineryError{err}), true
 	}
 	rs.mu.Lock()
-	rs.history, rs.created, rs.next, rs.busy, rs.end = history, kr.Created, 1, "", nil
+	rs.history, rs.created, rs.next, rs.busy, rs.end, rs.patches = history, kr.Created, 1, "", nil, nil
 	rs.mu.Unlock()
 	rs.tx.pending = nil
 	return outcome{}, false
+}
+
+// diverged fails a run whose code no longer matches its history, at once: no retry can make it
+// match, so the run is not left to its lease and MaxAttempts. Its stored failure says where it
+// diverged and what to do; its history stays, so that a deploy with a patch can resume it.
+func (e *Engine) diverged(ctx context.Context, rs *runState, nd *NonDeterminismError) outcome {
+	result, _ := json.Marshal(storedFailure{Error: nd.Error(), Reason: FailureNondeterministic, Divergence: &nd.Divergence}) // always encodes
+	if err := rs.finish(ctx, store.RunFailed, result); err != nil {
+		return e.abandon(ctx, rs, err)
+	}
+	e.tel.Diverged.Add(ctx, 1, metric.WithAttributes(telemetry.Workflow.String(rs.def.Name())))
+	e.log.WarnContext(ctx, "workflow: run's code diverged from its history; the run failed", "workflow", rs.def.Name(), "scope", rs.scope,
+		"id", rs.id, "version", e.cfg.Version, "step", nd.Seq, "stored", nd.StoredKind+" "+nd.StoredName,
+		"called", strings.TrimSpace(nd.CalledKind+" "+nd.CalledName), "error", nd.Error())
+	return finished(nil, failedFromStored(rs.def.Name(), idemKey(rs), result))
 }
 
 // abandon ends this process's part in a run without storing an outcome. The lease is left to
@@ -677,9 +707,8 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 		}
 		cancel()
 	}
-	var nd *NonDeterminismError
 	var mErr *machineryError
-	if errors.As(err, &nd) || (errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost)) {
+	if errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		if serr := e.st.RunStuck(sctx, e.db, rs.lease(), err.Error()); serr != nil {
 			e.log.WarnContext(ctx, "workflow: error recording why a run stopped", "scope", rs.scope, "id", rs.id, "error", serr)
@@ -694,7 +723,7 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 		e.log.WarnContext(ctx, "workflow: run lost its lease and stopped; another process owns it now", "workflow", rs.def.Name(),
 			"scope", rs.scope, "id", rs.id, "attempt", rs.attempt, "error", err)
 	}
-	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNonDeterminism) {
+	if errors.Is(err, ErrLeaseLost) {
 		return outcome{kind: outStopped, err: err}
 	}
 	return outcome{kind: outStopped, err: fmt.Errorf("workflow: run of %q (key %q in scope %q) stopped before its end and will be resumed: %w",

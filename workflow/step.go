@@ -259,14 +259,18 @@ func claimStep(ctx context.Context, kind, name string, opts *StepOpts, main bool
 	}
 	rs.mu.Unlock()
 
-	if rec, ok := rs.history.at(seq); ok {
+	rec, replayed, err := rs.match(seq, kind, name)
+	if err != nil {
+		if main {
+			rs.idle()
+		}
+		return c, err
+	}
+	if replayed {
 		if main {
 			defer rs.idle()
 		}
 		c.replayed = true
-		if rec.Name != name || rec.Kind != kind {
-			return c, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.Kind + ":" + rec.Name, Called: kind + ":" + name})
-		}
 		_, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, true)
 		if rec.Error != nil {
 			err := &StepError{Step: name, Seq: seq, Attempts: rec.Attempts, Message: *rec.Error}
@@ -295,6 +299,39 @@ func (rs *runState) idle() {
 	rs.mu.Lock()
 	rs.busy = ""
 	rs.mu.Unlock()
+}
+
+// match is the history matching of every step, in a run's execution and in a replay: the
+// history's record of position seq when it holds one of kind and name (replayed is true: the
+// step is replayed from it), none when the history has nothing there (the step is new, or a
+// parallel branch that did not complete, and runs), and a divergence, which stops the run, when
+// the history holds another step there. In a replay, a step with nothing recorded ends the
+// replay instead (pastHistory).
+func (rs *runState) match(seq int, kind, name string) (rec store.StepRecord, replayed bool, err error) {
+	rec, ok := rs.history.at(seq)
+	if !ok {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		return rec, false, rs.pastHistory()
+	}
+	if rec.Kind != kind || rec.Name != name {
+		return rec, false, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Divergence: Divergence{Seq: seq, StoredKind: rec.Kind,
+			StoredName: rec.Name, CalledKind: kind, CalledName: name}})
+	}
+	return rec, true, nil
+}
+
+// unconsumed is the divergence of an execution whose workflow function returned before it
+// replayed the whole history, nil when it did.
+func (rs *runState) unconsumed() *NonDeterminismError {
+	rs.mu.Lock()
+	next := rs.next
+	rs.mu.Unlock()
+	rec, ok := rs.history.from(next)
+	if !ok {
+		return nil
+	}
+	return &NonDeterminismError{Workflow: rs.def.Name(), Divergence: Divergence{Seq: rec.Seq, StoredKind: rec.Kind, StoredName: rec.Name}}
 }
 
 // attempts runs a step's attempts until one succeeds, the step fails for good (its failure is
@@ -524,8 +561,12 @@ func (rs *runState) checkpointError(step string, err error) error {
 	return &machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", step, err)}
 }
 
+// storedFailure is the output of a run that did not finish as done: its error, and for a run the
+// engine failed, why and where.
 type storedFailure struct {
-	Error string `json:"error"`
+	Error      string        `json:"error"`
+	Reason     FailureReason `json:"reason,omitempty"`
+	Divergence *Divergence   `json:"divergence,omitempty"`
 }
 
 func encodeFailure(msg string) []byte {
@@ -563,7 +604,7 @@ func failedFromStored(name string, key idem.Key, result []byte) error {
 	if err := json.Unmarshal(result, &f); err != nil {
 		f.Error = string(result)
 	}
-	return &FailedError{Workflow: name, Scope: key.Scope, ID: key.ID, Message: f.Error}
+	return &FailedError{Workflow: name, Scope: key.Scope, ID: key.ID, Message: f.Error, Reason: f.Reason, Divergence: f.Divergence}
 }
 
 // StopRun stops the run under ctx without storing an outcome, as a lost lease does, and returns

@@ -351,6 +351,21 @@ INSERT INTO idem_runs (scope, id, workflow, state, lease_expires_at) VALUES ('me
 		require.Equal(t, workflow.RunStateCancelled, run.State)
 		require.Equal(t, "duplicate payout", run.Error)
 
+		// A run whose code diverged from its history says where, and what to do.
+		_, err = b.pool.Exec(b.ctx, `
+INSERT INTO idem_keys (scope, id, workflow, expires_at) VALUES ('merchant:8', 'diverged', 'payout', 'infinity');
+INSERT INTO idem_runs (scope, id, workflow, state, output, finished_at, expires_at) VALUES ('merchant:8', 'diverged', 'payout', 'failed',
+	convert_to('{"error": "workflow payout diverged ...; put the change behind workflow.Patched", "reason": "nondeterministic",
+	  "divergence": {"seq": 2, "stored_kind": "sleep", "stored_name": "cool-off", "called_kind": "call", "called_name": "fraud-check"}}', 'UTF8'),
+	now(), now() + interval '1 hour')`)
+		require.NoError(t, err)
+		out = b.ok(t, "runs", "show", "merchant:8", "diverged")
+		require.Regexp(t, `(?m)^reason\s+nondeterministic$`, out)
+		require.Regexp(t, `(?m)^diverged\s+at step 2: the history has sleep "cool-off", the code called call "fraud-check"$`, out)
+		require.Regexp(t, `(?m)^error\s+.*workflow.Patched$`, out)
+		_, err = b.pool.Exec(b.ctx, `DELETE FROM idem_runs WHERE id = 'diverged'; DELETE FROM idem_keys WHERE id = 'diverged'`)
+		require.NoError(t, err)
+
 		// Paging: three runs, one to a page.
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--limit", "1", "--json")), &page))
 		seen := []string{page.Runs[0].ID}

@@ -198,6 +198,16 @@ var runsShowCmd = &command{
 			t.row("finished", stampPtr(r.Finished))
 			t.row("expires", stampPtr(r.Expires))
 			t.row("input", clip(string(r.Input), 200))
+			if r.Reason != "" {
+				t.row("reason", string(r.Reason))
+			}
+			if d := r.Divergence; d != nil {
+				called := "returned"
+				if d.CalledKind != "" {
+					called = fmt.Sprintf("called %s %q", d.CalledKind, d.CalledName)
+				}
+				t.row("diverged", fmt.Sprintf("at step %d: the history has %s %q, the code %s", d.Seq, d.StoredKind, d.StoredName, called))
+			}
 			switch {
 			case r.Error != "":
 				t.row("error", r.Error)
