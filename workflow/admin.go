@@ -114,7 +114,7 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 	if err := key.Validate(); err != nil {
 		return err
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 				"scope", key.Scope, "id", key.ID)
 			return nil
 		}
-		if err := e.insertResume(ctx, client, t, key, generation, resumeByOperator); err != nil {
+		if err := e.insertResume(ctx, jobs, t, key, generation, resumeByOperator); err != nil {
 			return err
 		}
 		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "from", string(run.State))
@@ -183,7 +183,7 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 	if fromStep < 1 {
 		return fmt.Errorf("workflow: fromStep cannot be less than 1 (got %d)", fromStep)
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -206,7 +206,7 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		}
 		// The resume job (or the admission of a queued run) starts the fork once this
 		// transaction, which copies its history too, commits.
-		ok, err = e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
+		ok, err = e.enqueue(ctx, jobs, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
 			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout, Concurrency: src.Concurrency,
 			Attributes: src.Attributes,
 			Version:    src.Version}, resumeForked)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
+	"github.com/idemkit/idem/internal/wfseam"
 )
 
 // Defaults used when the corresponding Config field is zero.
@@ -174,6 +175,9 @@ type Engine struct {
 	// schedClock, when set, is the time schedules go by instead of Postgres's: a test's clock.
 	schedClock atomic.Pointer[func() time.Time]
 
+	now  func() time.Time // the process's clock, as the engine's checks of time read it
+	seam wfseam.Options   // how a test engine changes the engine's dealings with the world (seam.go)
+
 	workers atomic.Bool // AddWorkers was called: this process works the engine's jobs
 	bg      background  // the recovery scan and the gauge, until Close
 }
@@ -197,7 +201,7 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: store.For(c.Schema), log: c.Logger,
-		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner()}
+		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner(), now: time.Now}
 	for i, d := range c.Workflows {
 		if d == nil {
 			return nil, fmt.Errorf("workflow: Workflows[%d] cannot be nil", i)

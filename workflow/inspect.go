@@ -190,6 +190,7 @@ type StepRow struct {
 	Attempts int             `json:"attempts"`
 	Output   json.RawMessage `json:"output,omitempty"` // the step's output as JSON
 	Error    string          `json:"error,omitempty"`  // set instead when the step failed for good
+	Failed   bool            `json:"failed,omitempty"` // the step failed for good (with Error as its message)
 	Created  time.Time       `json:"created"`          // when its checkpoint was written
 }
 
@@ -261,7 +262,7 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 		for _, s := range steps {
 			row := StepRow{Seq: s.Seq, Name: s.Name, Kind: s.Kind, Attempts: s.Attempts, Output: rawJSON(s.Output), Created: s.Created}
 			if s.Error != nil {
-				row.Error = *s.Error
+				row.Error, row.Failed = *s.Error, true
 			}
 			run.Steps = append(run.Steps, row)
 		}

@@ -57,8 +57,8 @@ func (e *Engine) resumeOpts() *river.InsertOpts {
 
 // insertResume inserts, in t, the job that runs an ownerless run now (StartTx, RunResume,
 // RunFork, said by reason); generation is the run's lease expiry, which makes the job unique.
-func (e *Engine) insertResume(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, key idem.Key, generation int64, reason string) error {
-	_, err := client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation, Reason: reason}, e.resumeOpts())
+func (e *Engine) insertResume(ctx context.Context, jobs jobInserter, t pgx.Tx, key idem.Key, generation int64, reason string) error {
+	err := jobs.insertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation, Reason: reason}, e.resumeOpts())
 	if err != nil {
 		return fmt.Errorf("workflow: error inserting the job that runs the run: %w", err)
 	}

@@ -52,6 +52,7 @@ type runState struct {
 
 	deadline time.Time     // when the run times out, by this process's clock; zero for never
 	timeout  time.Duration // RunOpts.Timeout of a run this process starts
+	started  time.Time     // when this process sent the start of a run it starts, by its clock
 	dbNow    int64         // Postgres's clock when this process took the run, µs (see SleepStep)
 
 	retryAfter time.Duration // for a suspended run: until its wake-up, as a hint to callers
@@ -266,6 +267,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			return nil, false, inFlight(time.Second)
 		}
 		rs := e.newRun(def, key.Scope, key.ID, token)
+		rs.started = e.now()
 		row, err := rs.tx.startRun(ctx, start)
 		if err != nil {
 			return nil, false, fmt.Errorf("workflow: error starting run: %w", err)

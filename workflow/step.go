@@ -164,7 +164,7 @@ func stepKey(scope, id string, created int64, seq int, name string) string {
 //	})
 func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, info *StepInfo) ([]byte, error)) ([]byte, error) {
 	return runStep(ctx, kind, name, opts, false, func(ctx context.Context, s *StepInfo) ([]byte, error) {
-		out, err := body(ctx, s)
+		out, err := s.rs.e.callBody(name, body)(ctx, s)
 		if err != nil {
 			return nil, err
 		}
@@ -381,7 +381,11 @@ func (rs *runState) attempts(ctx context.Context, info *StepInfo, cfg *StepOpts,
 			return nil, &StepError{Step: info.Name, Seq: info.Seq, Attempts: n, Message: msg}
 		}
 		span.retry(ctx, n, err)
-		if serr := backoff.Sleep(ctx, cfg.backoff(n)); serr != nil {
+		wait := cfg.backoff(n)
+		if rs.e.seam.NoBackoff {
+			wait = 0
+		}
+		if serr := backoff.Sleep(ctx, wait); serr != nil {
 			return nil, rs.stop(context.Cause(ctx))
 		}
 	}

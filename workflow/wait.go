@@ -122,7 +122,7 @@ func (rs *runState) waitTx(ctx context.Context, step string, decide func(t pgx.T
 // whichever comes first.
 func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *store.WaitRow, state store.RunState, seq int, signal *string, wakeAt *int64) error {
 	e := rs.e
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return rs.stop(&machineryError{err})
 	}
@@ -142,7 +142,7 @@ func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *store.WaitRow, sta
 		return nil // an await without a timeout: only a signal wakes it
 	}
 	rs.retryAfter = max(time.Second, time.Duration(*at-w.Now)*time.Microsecond)
-	_, err = client.InsertTx(ctx, t, WakeArgs{Scope: rs.scope, ID: rs.id, Generation: rs.created, Seq: seq, Reason: "timer"},
+	err = jobs.insertTx(ctx, t, WakeArgs{Scope: rs.scope, ID: rs.id, Generation: rs.created, Seq: seq, Reason: "timer"},
 		&river.InsertOpts{Queue: e.cfg.Queue, ScheduledAt: time.UnixMicro(*at)})
 	if err != nil {
 		return fmt.Errorf("error inserting the job that wakes the run: %w", err)
