@@ -260,3 +260,45 @@ func (f *fatalTB) Fatalf(format string, args ...any) {
 	f.msg = fmt.Sprintf(format, args...)
 	panic(f.msg)
 }
+
+// TestEngineChildrenAndBranches: children, parallel branches and their fakes run on the test
+// engine as on River: a parent waiting for its child, which sleeps a week, is woken by the
+// child's end within the Advance that ends it.
+func TestEngineChildrenAndBranches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	child := workflow.Define("child", func(ctx context.Context, n int) (int, error) {
+		if err := steps.Sleep(ctx, "week", 7*day); err != nil {
+			return 0, err
+		}
+		return steps.Call(ctx, "double", func(context.Context, string) (int, error) { return 0, errors.New("faked") }, nil)
+	})
+	parent := workflow.Define("parent", func(ctx context.Context, n int) (int, error) {
+		a := steps.GoCall(ctx, "quote-a", func(context.Context, string) (int, error) { return 0, errors.New("faked") }, nil)
+		b := steps.GoCall(ctx, "quote-b", func(context.Context, string) (int, error) { return 0, errors.New("faked") }, nil)
+		quotes, err := steps.GetAll(ctx, []*steps.Future[int]{a, b})
+		if err != nil {
+			return 0, err
+		}
+		doubled, err := steps.Child(ctx, "child", child, n, nil)
+		return quotes[0] + quotes[1] + doubled, err
+	})
+	te := workflowtest.New(t, &workflowtest.Config{
+		Workflows: []workflow.Definition{parent, child},
+		Fakes: map[string]workflowtest.Fake{
+			"quote-a": func(context.Context, string) (any, error) { return 1, nil },
+			"quote-b": func(context.Context, string) (any, error) { return 10, nil },
+			"double":  func(context.Context, string) (any, error) { return 100, nil },
+		},
+	})
+	key := idem.Key{Scope: "s", ID: "parent"}
+	_, err := parent.Run(ctx, te.Engine(), key, 1, nil)
+	require.ErrorIs(t, err, idem.ErrInFlight, "waiting for its child")
+	require.NoError(t, te.RunDue(ctx)) // the child starts, and sleeps
+	_, err = parent.Get(ctx, te.Engine(), key)
+	require.ErrorIs(t, err, idem.ErrInFlight)
+	require.NoError(t, te.Advance(ctx, 7*day))
+	out, err := parent.Get(ctx, te.Engine(), key)
+	require.NoError(t, err)
+	require.Equal(t, 111, out)
+}
