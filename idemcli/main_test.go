@@ -1,4 +1,4 @@
-package main_test
+package idemcli_test
 
 import (
 	"bytes"
@@ -62,7 +62,7 @@ func bundle(t *testing.T, bin, url string) *testBundle {
 func build(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "idem")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/idem").CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	return bin
 }
