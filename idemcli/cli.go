@@ -110,6 +110,7 @@ type call struct {
 	riverSchema string
 	fromStep    int
 	newScope    string
+	file        string // runs export --out, runs check --file
 	list        listFlags
 	sched       scheduleFlags
 }
@@ -121,7 +122,7 @@ func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
-var commands = []*command{migrateCmd, keysGetCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, reapCmd,
+var commands = []*command{migrateCmd, keysGetCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, runsExportCmd, runsCheckCmd, reapCmd,
 	schedulesListCmd, schedulesShowCmd, schedulesPauseCmd, schedulesResumeCmd, schedulesTriggerCmd, schedulesBackfillCmd, schedulesDeleteCmd}
 
 func run(ctx context.Context, argv []string, stdout, stderr io.Writer, cfg *Config) int {
