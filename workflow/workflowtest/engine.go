@@ -135,7 +135,7 @@ func newEngine(tb testing.TB, cfg *Config) (*Engine, error) {
 	calls := make(map[string]func(ctx context.Context, key string) ([]byte, error), len(cfg.Fakes))
 	for name, fake := range cfg.Fakes {
 		if fake == nil {
-			return nil, fmt.Errorf("Fakes[%q] is nil; give it a function, or leave the step out", name)
+			return nil, fmt.Errorf("the fake of step %q in Config.Fakes is nil; give it a function, or leave the step out", name)
 		}
 		calls[name] = func(ctx context.Context, key string) ([]byte, error) {
 			out, err := fake(ctx, key)

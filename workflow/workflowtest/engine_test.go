@@ -246,7 +246,7 @@ func TestEngine(t *testing.T) {
 			defer func() { _ = recover() }()
 			workflowtest.New(ft, &workflowtest.Config{Fakes: map[string]workflowtest.Fake{"x": nil}})
 		}()
-		require.Contains(t, ft.msg, `Fakes["x"] is nil`)
+		require.Contains(t, ft.msg, `the fake of step "x" in Config.Fakes is nil`)
 	})
 }
 
