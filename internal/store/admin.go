@@ -52,7 +52,7 @@ const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.l
 	CASE WHEN r.state IN ('sleeping', 'awaiting') THEN r.wake_at END,
 	CASE WHEN r.state = 'awaiting' THEN coalesce(r.wait_name, '') ELSE '' END, r.deadline,
 	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4,
-	r.parent_scope, r.parent_id, r.parent_seq, r.attributes, coalesce(r.version, ''), coalesce(r.attempt_version, '')`
+	r.parent_scope, r.parent_id, r.parent_seq, r.attributes, coalesce(r.version, ''), coalesce(r.attempt_version, r.version, '')`
 
 func newAdminStatements(t Tables) adminStatements {
 	return adminStatements{
@@ -140,7 +140,7 @@ type RunRecord struct {
 	ParentSeq           *int
 	Attributes          map[string]string
 	Version             string // the code version that started the run
-	AttemptVersion      string // the code version that holds the run, or held it last
+	AttemptVersion      string // the code version that took the run over or woke it last; else the start's
 }
 
 func scanRunRecord(r pgx.Row) (*RunRecord, error) {

@@ -57,7 +57,7 @@ const keyRunFrom = `FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND 
 // newRun is the head of the statements that insert a run.
 const newRun = `INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
 	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, concurrency_key, concurrency_limit, attributes,
-	version, attempt_version)`
+	version)`
 
 // claimReturning is what the statements that take a run's lease return; Claim reads it.
 const claimReturning = `RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
@@ -80,7 +80,7 @@ func newRunStatements(t Tables) runStatements {
 ), run AS (
 ` + newRun + `
 	SELECT $1, $2, $4, 'running', $3, $5, 1, $6, $7, {now} + $8::int8 @us, $9, created_at, created_at,
-		created_at + $11::int8 @us, $12, $13, $14::jsonb, $15, $15 FROM key
+		created_at + $11::int8 @us, $12, $13, $14::jsonb, $15 FROM key
 	RETURNING created_at
 )
 SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM run),
@@ -114,7 +114,7 @@ SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 100000
 ` + newRun + `
 SELECT $1, $2, $4, CASE WHEN $16::bool THEN 'queued' ELSE 'running' END, $3, $5, $10, $6, $7,
 	CASE WHEN $16::bool THEN NULL WHEN $11::bool THEN {now} + $8::int8 @us ELSE {now} END, $9, created_at, created_at,
-	created_at + $12::int8 @us, $14, $15, $17::jsonb, $18, CASE WHEN $11::bool THEN $18 END FROM key
+	created_at + $12::int8 @us, $14, $15, $17::jsonb, $18 FROM key
 RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		// The key's in-flight lock, taken without waiting as RunStart takes it: a start that
