@@ -40,9 +40,10 @@ func selected(runs []*workflow.RunRow, p *workflow.RunListParams) []*workflow.Ru
 var runsExportCmd = &command{
 	name:    "runs export",
 	summary: "Write runs with their inputs and histories as JSON, for runs check or workflowtest.ReadExport.",
-	help: "Takes the filters of runs list (--state, --workflow, --version, --scope, --since, --until)\n" +
-		"and writes every run they select, page after page, to --out (default: standard output).\n" +
-		"Inputs and step outputs are written as stored: treat the file as you treat the database.",
+	help: "Takes the filters of runs list (--state, --workflow, --version, --scope, --since, --until,\n" +
+		"--attr) and writes every run they select, page after page, to --out (default: standard\n" +
+		"output). Inputs and step outputs are written as stored: treat the file as you treat the\n" +
+		"database.",
 	flags: func(fs *flag.FlagSet, c *call) {
 		filterFlags(fs, c)
 		fs.StringVar(&c.file, "out", "", "file to write (default: standard output)")
