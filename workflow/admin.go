@@ -164,7 +164,9 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 //
 // The new run is a run of its own: its steps get new derived keys (see [StepKey]), a run with a
 // deadline (RunOpts.Timeout) gets the same timeout counted from the fork, the run's attributes
-// are copied (the steps that run again may set theirs again), and calling
+// are copied (the steps that run again may set theirs again), it keeps the original's code
+// version (RunRow.Version: it replays the original's history, so engines with
+// Config.ResumeVersions treat it as they treat the original), and calling
 // Workflow.Run or Workflow.Get with newKey and the same input joins it. newKey must be unused:
 // a key that exists (of a run or of idem.Do) is refused with idem.ErrMismatch. fromStep must be
 // between 1 and one more than the run's number of steps. The original run is read as it is,
