@@ -11,12 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/keyctx"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txctl"
@@ -89,10 +89,10 @@ func Do[T any](ctx context.Context, t pgx.Tx, key Key, fn func(ctx context.Conte
 	tel.DoOutcomes.Add(ctx, 1, outcomeSets[outcome])
 	tel.DoDuration.Record(ctx, time.Since(start).Seconds(), outcomeSets[outcome])
 	if span.IsRecording() {
-		span.SetAttributes(telemetry.Outcome.String(outcome), telemetry.Scope.String(key.Scope))
+		rk := redact.Key{Scope: key.Scope, ID: key.ID}
+		span.SetAttributes(telemetry.Outcome.String(outcome), telemetry.Scope.String(key.Scope), cfg.keys.Attr(rk))
 		if outcome == outcomeError {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			cfg.keys.RecordError(span, err, rk)
 		}
 	}
 	span.End()
@@ -213,13 +213,13 @@ func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, k
 	if err != nil {
 		return zero, outcomeError, err
 	}
-	sql := st.Keys.Insert
+	write := store.KeyStoreParams{Scope: key.Scope, ID: key.ID, Fingerprint: key.Fingerprint, Result: data, TTL: cfg.ttl}
+	stmt := st.KeyInsert(write)
 	if v == verdictRunExpired {
-		sql = st.Keys.Replace
+		stmt = st.KeyReplace(write)
 	}
-	args := []any{key.Scope, key.ID, key.Fingerprint, data, cfg.ttl.Microseconds()}
 	if canDefer {
-		attempt.Queue(txctl.Deferred{SQL: sql, Args: args, MapErr: func(err error) error {
+		attempt.Queue(txctl.Deferred{SQL: stmt.SQL, Args: stmt.Args, MapErr: func(err error) error {
 			err = storeError(key, err)
 			if outcomeOf(err) == outcomeRace {
 				// Found at COMMIT, after Do returned: counted here.
@@ -228,7 +228,7 @@ func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, k
 			return err
 		}})
 		attempt.SetMemo(memo, memoEntry{fingerprint: key.Fingerprint, result: data})
-	} else if _, err := t.Exec(ctx, sql, args...); err != nil {
+	} else if _, err := stmt.Exec(ctx, t); err != nil {
 		err = storeError(key, err)
 		return zero, outcomeOf(err), err
 	}
@@ -265,7 +265,7 @@ func lookup(ctx context.Context, t pgx.Tx, st *store.Statements, cfg *config, ke
 	)
 	err := waitFor(ctx, cfg, func() error {
 		var err error
-		if row, err = store.LookupKey(ctx, t, st, key.Scope, key.ID, lock); err != nil {
+		if row, err = st.KeyLookup(ctx, t, key.Scope, key.ID, lock); err != nil {
 			return lookupError(cfg, err)
 		}
 		v, err = decide(key, cfg, row)
@@ -298,18 +298,18 @@ func decide(key Key, cfg *config, row store.KeyRow) (verdict, error) {
 // has finished and expired (then the run, its history and its key go, in t), and says so at once
 // otherwise, naming the workflow, whatever the run is doing.
 func takeRunKey(ctx context.Context, t pgx.Tx, st *store.Statements, cfg *config, key Key, lock int64, workflow string) error {
-	var locked, reusable bool
-	if err := t.QueryRow(ctx, st.Keys.RunKey, key.Scope, key.ID, lock).Scan(&locked, &reusable); err != nil {
+	rk, err := st.KeyRunKey(ctx, t, key.Scope, key.ID, lock)
+	if err != nil {
 		return lookupError(cfg, err)
 	}
-	if !reusable {
+	if !rk.Reusable {
 		return fmt.Errorf("%w: key %q in scope %q belongs to a run of workflow %q, not to idem.Do; use a key of its own for each (for example %q)",
 			ErrMismatch, key.ID, key.Scope, workflow, key.ID+":do")
 	}
-	if !locked {
+	if !rk.Locked {
 		return inFlight(key, cfg)
 	}
-	if _, err := t.Exec(ctx, st.Keys.ClearRun, key.Scope, key.ID); err != nil {
+	if err := st.KeyClearRun(ctx, t, key.Scope, key.ID); err != nil {
 		return fmt.Errorf("idem: error clearing the expired run of key %q in scope %q: %w", key.ID, key.Scope, err)
 	}
 	return nil
@@ -330,14 +330,22 @@ func lostRace(prev error, key Key) bool {
 	return errors.As(prev, &inflight) && inflight.Race && inflight.Scope == key.Scope && inflight.ID == key.ID
 }
 
-// lookupError explains a failed lookup. A missing table is the commonest mistake on a new
-// database, and its raw message does not say what to do.
+// lookupError explains a failed lookup (see tablesError).
 func lookupError(cfg *config, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("idem: idem's tables are missing (%s): run idem.Migrate at startup, with the same Schema option as this call, or apply schema.sql: %w", pgErr.Message, err)
+	if terr := tablesError(err); terr != err {
+		return terr
 	}
 	return fmt.Errorf("idem: error looking up key: %w", err)
+}
+
+// tablesError explains an error that comes from a database without idem's tables, the commonest
+// mistake on a new database, whose raw message does not say what to do; other errors pass.
+func tablesError(err error) error {
+	var pgErr *pgconn.PgError
+	if store.IsMissingTable(err) && errors.As(err, &pgErr) {
+		return fmt.Errorf("idem: idem's tables are missing (%s): run idem.Migrate at startup, with the same Schema option as this call, or apply schema.sql: %w", pgErr.Message, err)
+	}
+	return err
 }
 
 // lockID is the key's in-flight lock; see store.LockID.
@@ -385,8 +393,7 @@ func decodeResult[T any](key Key, data []byte) (T, error) {
 // storeError explains a failed write of the result. A unique violation on the key means a racing
 // duplicate committed first; Postgres has aborted the transaction, and a retry will replay.
 func storeError(key Key, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idem_keys_pkey" {
+	if store.IsKeyTaken(err) {
 		return &InFlightError{Scope: key.Scope, ID: key.ID, Race: true, cause: err}
 	}
 	return fmt.Errorf("idem: error storing result: %w", err)

@@ -29,8 +29,11 @@
 // replay is one statement, 4–5.6 times the bare transaction's throughput. Expired keys cost
 // nothing until [Reap] deletes them: 5,000,000 of them left a fresh key's cost unchanged.
 //
-// [KeyGet] shows what is stored under a key, and [KeyDelete] forgets a stored result so that
-// the key runs again.
+// [Do] and [Run] record spans and metrics through the OpenTelemetry API ([TracerProvider],
+// [MeterProvider]); no record carries a key's ID, only its hash, unless [RecordKeys] is given.
+//
+// [KeyGet] shows what is stored under a key, [KeyList] pages through a scope's keys, and
+// [KeyDelete] forgets a stored result so that the key runs again.
 //
 // Tables are created by [Migrate] from the embedded schema.sql, which migration tools can also
 // apply as is.

@@ -53,3 +53,34 @@ func ExampleKeyDelete() {
 	// Output:
 	// first order 1, after KeyDelete order 2
 }
+
+func ExampleKeyList() {
+	ctx := context.Background()
+	pool := examplePool()
+	defer pool.Close()
+
+	for _, id := range []string{"order-1", "order-2", "order-3", "refund-1"} {
+		if _, err := idem.Run(ctx, pool, idem.Key{Scope: "customer:42", ID: id}, placeOrder(id)); err != nil {
+			log.Fatal(err)
+		}
+	}
+	// Which orders did the client send? Two to a page.
+	params := &idem.KeyListParams{Scope: "customer:42", Prefix: "order-", Limit: 2}
+	for {
+		page, err := idem.KeyList(ctx, pool, params)
+		if err != nil {
+			log.Fatal(err)
+		}
+		for _, k := range page.Keys {
+			fmt.Println(k.ID, k.Expired)
+		}
+		if page.Next == "" {
+			break
+		}
+		params.After = page.Next
+	}
+	// Output:
+	// order-1 false
+	// order-2 false
+	// order-3 false
+}

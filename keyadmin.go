@@ -59,32 +59,27 @@ func KeyGet(ctx context.Context, db Querier, key Key, opts ...Option) (*KeyInfo,
 	if err != nil {
 		return nil, err
 	}
-	st := store.For(cfg.schema)
-	info := &KeyInfo{Scope: key.Scope, ID: key.ID}
-	var (
-		size            *int32
-		live            bool
-		workflow, state *string
-	)
-	err = db.QueryRow(ctx, st.KeyAdmin.KeyGet, key.Scope, key.ID).Scan(&info.Fingerprint, &size, &workflow, &info.Created,
-		&info.Expires, &live, &state)
-	if errors.Is(err, pgx.ErrNoRows) {
+	k, ok, err := store.For(cfg.schema).KeyGet(ctx, db, key.Scope, key.ID)
+	switch {
+	case err != nil:
+		return nil, lookupError(cfg, err)
+	case !ok:
 		return nil, notFound(key)
 	}
-	if err != nil {
-		return nil, lookupError(cfg, err)
+	return keyInfo(k), nil
+}
+
+// keyInfo makes a KeyInfo of a key as stored.
+func keyInfo(k store.KeyRecord) *KeyInfo {
+	info := &KeyInfo{Scope: k.Scope, ID: k.ID, Fingerprint: k.Fingerprint, Created: k.Created, Expires: k.Expires,
+		Expired: !k.Live, ResultSize: k.ResultSize} // expired by the database's clock, as Do decides
+	if k.Workflow != nil {
+		info.Workflow = *k.Workflow
 	}
-	if size != nil {
-		info.ResultSize = int(*size)
+	if k.RunState != nil {
+		info.RunState = string(*k.RunState)
 	}
-	if workflow != nil {
-		info.Workflow = *workflow
-	}
-	if state != nil {
-		info.RunState = *state
-	}
-	info.Expired = !live // by the database's clock, as Do decides
-	return info, nil
+	return info
 }
 
 // KeyDelete forgets the result stored under a key of Do's, so that the next Do with it runs
@@ -113,27 +108,26 @@ func KeyDelete(ctx context.Context, db Beginner, key Key, opts ...Option) error 
 	}
 	st := store.For(cfg.schema)
 	return pgx.BeginFunc(ctx, db, func(t pgx.Tx) error {
-		var locked bool
-		if err := t.QueryRow(ctx, st.KeyAdmin.KeyLock, lockID(cfg.schema, key)).Scan(&locked); err != nil {
+		locked, err := st.KeyTryLock(ctx, t, lockID(cfg.schema, key))
+		if err != nil {
 			return lookupError(cfg, err)
 		}
 		if !locked {
 			return &InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: cfg.retryAfter}
 		}
-		tag, err := t.Exec(ctx, st.KeyAdmin.KeyDelete, key.Scope, key.ID)
-		if err != nil {
+		deleted, err := st.KeyDelete(ctx, t, key.Scope, key.ID)
+		switch {
+		case err != nil:
 			return lookupError(cfg, err)
-		}
-		if tag.RowsAffected() > 0 {
+		case deleted:
 			return nil
 		}
-		var workflow *string
-		err = t.QueryRow(ctx, st.KeyAdmin.KeyWorkflow, key.Scope, key.ID).Scan(&workflow)
+		workflow, found, err := st.KeyWorkflow(ctx, t, key.Scope, key.ID)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return notFound(key)
 		case err != nil:
 			return fmt.Errorf("idem: error reading key: %w", err)
+		case !found:
+			return notFound(key)
 		}
 		return fmt.Errorf("idem: key %q in scope %q belongs to a run of workflow %q and cannot be deleted; cancel the run with Engine.RunCancel (idem runs cancel), and it goes with its key when it expires", key.ID, key.Scope, *workflow)
 	})

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/internal/backoff"
+	"github.com/idemkit/idem/internal/redact"
 )
 
 // DefaultTTL is how long a completed key is remembered when no [TTL] option is given.
@@ -36,6 +37,7 @@ type config struct {
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	log            *slog.Logger
+	keys           redact.Keys
 
 	reapMax       int64
 	reapBusy      float64
@@ -247,9 +249,10 @@ func Backoff(min, max time.Duration) Option {
 
 // TracerProvider sets where [Do], [Run] and [Reap] send their spans; nil, or no option, means the
 // global provider (otel.GetTracerProvider), which discards them until the application installs
-// an SDK. Do's span is "idem.Do", with the attributes idem.scope and idem.outcome (run, replay,
-// in_flight, mismatch, race, invalid, error); keys are never recorded, since a client may reuse
-// a secret as one.
+// an SDK. Do's span is "idem.Do", with the attributes idem.scope, idem.key.hash (see
+// [RecordKeys]) and idem.outcome (run, replay, in_flight, mismatch, race, invalid, error); key
+// IDs are never recorded, in attributes or in error texts, since a client may reuse a secret as
+// one.
 //
 //	idem.Do(ctx, tx, key, fn, idem.TracerProvider(tp))
 func TracerProvider(tp trace.TracerProvider) Option {
@@ -273,6 +276,17 @@ func MeterProvider(mp metric.MeterProvider) Option {
 //	n, err := idem.Reap(ctx, pool, idem.Logger(logger))
 func Logger(l *slog.Logger) Option {
 	return func(c *config) { c.log = l }
+}
+
+// RecordKeys makes [Do] and [Run] record key IDs as they are in their spans (idem.key.id, and in
+// the error texts they record), instead of the short hash that stands for a key by default
+// (idem.key.hash: 16 hex digits of a SHA-256 of the scope and ID, which idem keys get prints).
+// For deployments whose keys are not secrets, where reading them in traces is worth more.
+// Metrics never carry keys, hashed or not.
+//
+//	out, err := idem.Run(ctx, pool, key, fn, idem.RecordKeys())
+func RecordKeys() Option {
+	return func(c *config) { c.keys.Full = true }
 }
 
 func (c *config) logger() *slog.Logger {

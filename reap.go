@@ -72,19 +72,12 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 	ctx, span := tel.Tracer.Start(ctx, "idem.Reap", trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
 	r := &reaper{cfg: cfg, batch: 500, what: "do"}
-	keys, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
-		tag, err := db.Exec(ctx, st.Reap.Keys, limit)
-		return tag.RowsAffected(), err
-	})
+	keys, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) { return st.ReapKeys(ctx, db, limit) })
 	tel.Reaped.Add(ctx, keys, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("do"))))
 	var runs int64
 	if err == nil {
 		r.batch, r.what = 100, "run" // runs take their steps with them: start smaller
-		runs, err = r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
-			var n int64
-			err := db.QueryRow(ctx, st.Reap.Runs, limit).Scan(&n)
-			return n, err
-		})
+		runs, err = r.drain(ctx, func(ctx context.Context, limit int) (int64, error) { return st.ReapRuns(ctx, db, limit) })
 		tel.Reaped.Add(ctx, runs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("run"))))
 	}
 	if span.IsRecording() {
@@ -128,7 +121,7 @@ func (r *reaper) drain(ctx context.Context, del func(ctx context.Context, limit 
 		n, err := del(ctx, limit)
 		took := time.Since(start)
 		if err != nil {
-			return deleted, fmt.Errorf("idem: error deleting expired keys (after %d): %w", deleted, err)
+			return deleted, fmt.Errorf("idem: error deleting expired keys (after %d): %w", deleted, tablesError(err))
 		}
 		deleted += n
 		r.total += n

@@ -5,9 +5,9 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/tx"
 )
@@ -75,10 +75,10 @@ func Run[T any](ctx context.Context, db Beginner, key Key, fn func(ctx context.C
 		return err
 	}, txOpts...)
 	if span.IsRecording() {
-		span.SetAttributes(telemetry.Scope.String(key.Scope), telemetry.Attempts.Int(attempts), telemetry.Outcome.String(outcomeOf(err)))
+		rk := redact.Key{Scope: key.Scope, ID: key.ID}
+		span.SetAttributes(telemetry.Scope.String(key.Scope), cfg.keys.Attr(rk), telemetry.Attempts.Int(attempts), telemetry.Outcome.String(outcomeOf(err)))
 		if outcomeOf(err) == outcomeError {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			cfg.keys.RecordError(span, err, rk)
 		}
 	}
 	if err != nil {

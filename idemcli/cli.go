@@ -1,11 +1,13 @@
 // Package idemcli is idem's operator command line (cmd/idem is it, built with no workflows): it
-// migrates the schema, reads and forgets keys of idem.Do, lists, shows, cancels, resumes, forks
-// and exports workflow runs, checks stored runs against workflow code, lists, pauses, resumes,
-// triggers, backfills and deletes schedules, and reaps what has expired. It is a thin shell over the library's own functions (idem.KeyGet, Engine.RunList,
+// migrates the schema, reads, lists and forgets keys of idem.Do, lists, shows, cancels,
+// resumes, forks and exports workflow runs, checks stored runs against workflow code, lists,
+// pauses, resumes, triggers, backfills and deletes schedules, and reaps what has expired. It is a
+// thin shell over the library's own functions (idem.KeyGet, idem.KeyList, Engine.RunList,
 // Engine.RunCancel, ...), so it does exactly what a program calling them would.
 //
 //	idem migrate
 //	idem keys get customer:42 order-7f3a
+//	idem keys list --scope customer:42 --prefix order-
 //	idem runs list --state failed --since 24h
 //	idem runs show merchant:7 payout-1
 //	idem runs resume merchant:7 payout-1
@@ -25,6 +27,10 @@
 // as given to idem.Migrate) and --json (machine-readable output instead of aligned tables), and
 // --help. Exit codes: 0 success, 1 the operation failed (the message is on stderr), 2 the
 // command line was wrong.
+//
+// Tables show stored strings (error texts, workflow names, scopes, inputs) with the characters a
+// terminal would act on escaped as Go escapes them (\x1b, \u202e) and long ones clipped; --json
+// shows them whole. Fingerprints are hex in both.
 //
 // It needs no workflow definitions but for runs check: runs are read and changed in the database,
 // and resume, fork and a schedule's trigger and backfill insert River jobs that the application's
@@ -113,6 +119,7 @@ type call struct {
 	file        string // runs export --out, runs check --file
 	list        listFlags
 	sched       scheduleFlags
+	keyList     keyListFlags
 }
 
 // usageError is a wrong command line: exit code 2.
@@ -122,7 +129,7 @@ func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
-var commands = []*command{migrateCmd, keysGetCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, runsExportCmd, runsCheckCmd, reapCmd,
+var commands = []*command{migrateCmd, keysGetCmd, keysListCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, runsExportCmd, runsCheckCmd, reapCmd,
 	schedulesListCmd, schedulesShowCmd, schedulesPauseCmd, schedulesResumeCmd, schedulesTriggerCmd, schedulesBackfillCmd, schedulesDeleteCmd}
 
 func run(ctx context.Context, argv []string, stdout, stderr io.Writer, cfg *Config) int {
@@ -187,10 +194,12 @@ func run(ctx context.Context, argv []string, stdout, stderr io.Writer, cfg *Conf
 	case err == nil:
 		return exitOK
 	case errors.As(err, &uerr):
-		fmt.Fprintf(stderr, "idem %s: %v\n", cmd.name, err)
+		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, escape(err.Error()))
 		return exitUsage
 	default:
-		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, strings.TrimPrefix(err.Error(), "idem: "))
+		// An error may quote what was stored (a run's error, a workflow's name): escaped as in
+		// tables, whole.
+		fmt.Fprintf(stderr, "idem %s: %s\n", cmd.name, escape(strings.TrimPrefix(err.Error(), "idem: ")))
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 			fmt.Fprintf(stderr, "idem %s: a table is missing: run \"idem migrate\" (with the same --schema) for idem's tables, and River's rivermigrate for River's\n", cmd.name)
@@ -317,5 +326,6 @@ func usage(w io.Writer) {
 	tw.flush()
 	fmt.Fprintf(w, "\nEvery command takes --database-url (default $DATABASE_URL), --schema, --json and --help;\n"+
 		"idem --version prints the module's version and the schema version it migrates to.\n"+
+		"Tables escape control characters of stored strings and clip long ones; --json has them whole.\n"+
 		"Exit codes: 0 success, 1 failure, 2 usage.\n")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 )
 
 // connect opens a pool on the database the flags name.
@@ -115,11 +116,12 @@ var keysGetCmd = &command{
 			return err
 		}
 		if c.json {
-			return c.printJSON(info)
+			return c.printJSON(newKeyJSON(info))
 		}
 		t := newTable(c.stdout)
 		t.row("scope", info.Scope)
 		t.row("id", info.ID)
+		t.row("hash", redact.Hash(info.Scope, info.ID))
 		t.row("fingerprint", orDash(hex.EncodeToString(info.Fingerprint)))
 		t.row("created", stamp(info.Created))
 		if info.Workflow != "" {
@@ -135,6 +137,94 @@ var keysGetCmd = &command{
 			t.row("result", strconv.Itoa(info.ResultSize)+" bytes")
 		}
 		t.flush()
+		return nil
+	},
+}
+
+// keyJSON is a key as --json prints it: KeyInfo with its fingerprint in hex, as tables show it
+// (encoding/json would write the bytes in base64), and the hash that stands for the key in
+// idem's spans and logs.
+type keyJSON struct {
+	*idem.KeyInfo
+	Fingerprint string `json:"fingerprint,omitempty"`
+	Hash        string `json:"key_hash"`
+}
+
+func newKeyJSON(k *idem.KeyInfo) keyJSON {
+	return keyJSON{k, hex.EncodeToString(k.Fingerprint), redact.Hash(k.Scope, k.ID)}
+}
+
+type keyListFlags struct {
+	scope, prefix, after string
+	limit                int
+}
+
+var keysListCmd = &command{
+	name:    "keys list",
+	summary: "List the keys stored in a scope, by id: what a client sent.",
+	help: "Keys of idem.Do (expired ones too, until they are reaped) and of workflow runs, in the\n" +
+		"byte order of their ids. When more keys match than --limit, the last line gives the\n" +
+		"--after cursor of the next page.",
+	flags: func(fs *flag.FlagSet, c *call) {
+		fs.StringVar(&c.keyList.scope, "scope", "", "the scope to list (required)")
+		fs.StringVar(&c.keyList.prefix, "prefix", "", "only keys whose id starts with this")
+		fs.IntVar(&c.keyList.limit, "limit", idem.DefaultKeyListLimit, fmt.Sprintf("page size, at most %d", idem.MaxKeyListLimit))
+		fs.StringVar(&c.keyList.after, "after", "", "cursor of the page before, from the previous listing")
+	},
+	run: func(ctx context.Context, c *call) error {
+		f := c.keyList
+		if f.scope == "" {
+			return usagef("--scope is required: keys are listed one scope at a time")
+		}
+		if f.limit < 1 || f.limit > idem.MaxKeyListLimit {
+			return usagef("--limit must be between 1 and %d (got %d)", idem.MaxKeyListLimit, f.limit)
+		}
+		if _, err := c.key(f.scope, "-"); err != nil { // the scope, as KeyList checks it
+			return err
+		}
+		if f.prefix != "" {
+			if err := idem.ValidateID(f.prefix); err != nil {
+				return usagef("--prefix %q cannot start a key's id: %v", f.prefix, err)
+			}
+		}
+		pool, err := c.connect(ctx)
+		if err != nil {
+			return err
+		}
+		res, err := idem.KeyList(ctx, pool, &idem.KeyListParams{Scope: f.scope, Prefix: f.prefix, After: f.after, Limit: f.limit}, c.opts()...)
+		switch {
+		case errors.Is(err, idem.ErrInvalidCursor):
+			return usagef("--after %q is not a cursor that keys list printed for scope %q (its last line, \"more: --after ...\")", f.after, f.scope)
+		case err != nil:
+			return err
+		}
+		if c.json {
+			keys := make([]keyJSON, len(res.Keys))
+			for i, k := range res.Keys {
+				keys[i] = newKeyJSON(k)
+			}
+			return c.printJSON(struct {
+				Keys []keyJSON `json:"keys"`
+				Next string    `json:"next,omitempty"`
+			}{keys, res.Next})
+		}
+		t := newTable(c.stdout)
+		t.row("ID", "CREATED", "EXPIRES", "RESULT", "FINGERPRINT")
+		for _, k := range res.Keys {
+			if k.Workflow != "" {
+				t.row(k.ID, stamp(k.Created), "with its run", "-", "-", "run of "+k.Workflow+" ("+orDash(k.RunState)+")")
+				continue
+			}
+			exp := stampPtr(k.Expires)
+			if k.Expired {
+				exp += " (expired)"
+			}
+			t.row(k.ID, stamp(k.Created), exp, strconv.Itoa(k.ResultSize)+" bytes", orDash(hex.EncodeToString(k.Fingerprint)))
+		}
+		t.flush()
+		if res.Next != "" {
+			fmt.Fprintf(c.stdout, "more: --after %s\n", res.Next)
+		}
 		return nil
 	},
 }

@@ -3,6 +3,7 @@ package idemcli_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -176,9 +177,12 @@ func TestCLI(t *testing.T) {
 		require.Regexp(t, `(?m)^id\s+order-1$`, out)
 		require.Regexp(t, `(?m)^result\s+9 bytes$`, out)
 		require.Contains(t, out, "fingerprint")
-		var info idem.KeyInfo
+		var info struct {
+			Fingerprint string `json:"fingerprint"`
+			ResultSize  int    `json:"result_size"`
+		}
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "keys", "get", "--json", "customer:42", "order-1")), &info))
-		require.Equal(t, key.Fingerprint, info.Fingerprint)
+		require.Equal(t, hex.EncodeToString(key.Fingerprint), info.Fingerprint, "hex, as in the table")
 		require.Equal(t, 9, info.ResultSize)
 
 		require.Contains(t, b.ok(t, "keys", "delete", "customer:42", "order-1"), "deleted")

@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/workflow"
 )
 
@@ -134,11 +135,16 @@ var runsShowCmd = &command{
 				return err
 			}
 			if c.json {
-				return c.printJSON(r)
+				// The hash that stands for the run's key in idem's spans and logs, beside the run.
+				return c.printJSON(struct {
+					*workflow.RunRow
+					Hash string `json:"key_hash"`
+				}{r, redact.Hash(r.Scope, r.ID)})
 			}
 			t := newTable(c.stdout)
 			t.row("scope", r.Scope)
 			t.row("id", r.ID)
+			t.row("hash", redact.Hash(r.Scope, r.ID))
 			t.row("workflow", r.Workflow)
 			t.row("state", string(r.State))
 			t.row("attempts", strconv.Itoa(r.Attempts))
@@ -199,8 +205,11 @@ var runsShowCmd = &command{
 			t.row("SEQ", "STEP", "KIND", "ATTEMPTS", "AT", "RESULT")
 			for _, s := range r.Steps {
 				result := string(s.Output)
-				if s.Error != "" {
+				switch {
+				case s.Error != "":
 					result = "error: " + s.Error
+				case s.Kind == "sleep":
+					result = sleepResult(s)
 				}
 				t.row(strconv.Itoa(s.Seq), s.Name, s.Kind, strconv.Itoa(s.Attempts), stamp(s.Created), clip(result, 80))
 			}
@@ -393,4 +402,15 @@ func stateNames() []string {
 		names[i] = string(s)
 	}
 	return names
+}
+
+// sleepResult shows a sleep step's stored wake-up (µs since the epoch) as a time, and how long
+// after the step was reached it is.
+func sleepResult(s workflow.StepRow) string {
+	us, err := strconv.ParseInt(string(s.Output), 10, 64)
+	if err != nil {
+		return string(s.Output)
+	}
+	wake := time.UnixMicro(us)
+	return "until " + stamp(wake) + " (" + wake.Sub(s.Created).Round(time.Second).String() + " after the step)"
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/handlercfg"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -144,8 +145,15 @@ type Config struct {
 	MeterProvider  metric.MeterProvider
 
 	// Logger receives server-side errors (a store failure, a misconfiguration). Default:
-	// slog.Default().
+	// slog.Default(). A record names the call's key by its hash (key_hash), never by its ID, and
+	// error texts have the ID replaced, unless RecordKeys is set.
 	Logger *slog.Logger
+
+	// RecordKeys makes spans and log records carry the key metadata's value as it is (idem.key.id
+	// and id, and in error texts) instead of the short hash that stands for it by default
+	// (idem.key.hash and key_hash; see idem.RecordKeys). For APIs whose keys are not secrets.
+	// Metrics never carry keys.
+	RecordKeys bool
 }
 
 // settings is a validated Config with defaults filled in.
@@ -153,6 +161,7 @@ type settings struct {
 	Config
 	keyOpts []idem.Option // the Config's fields for idem.Do
 	txOpts  []tx.Option   // and for tx.Run
+	keys    redact.Keys   // what records carry of keys
 	methods map[string]*method
 	dropped map[string]bool
 }
@@ -209,7 +218,8 @@ func newSettings(cfg *Config) (*settings, error) {
 	}
 	st := handlercfg.Store{TTL: c.TTL, Wait: c.Wait, InFlightRetryAfter: c.InFlightRetryDelay, Schema: c.Schema,
 		Isolation: c.Isolation, MaxAttempts: c.MaxAttempts, MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff,
-		TracerProvider: c.TracerProvider, MeterProvider: c.MeterProvider}
+		TracerProvider: c.TracerProvider, MeterProvider: c.MeterProvider, RecordKeys: c.RecordKeys}
+	s.keys = redact.Keys{Full: c.RecordKeys}
 	if s.keyOpts, s.txOpts, err = st.Options("idemgrpc", "InFlightRetryDelay"); err != nil {
 		return nil, err
 	}

@@ -37,5 +37,9 @@
 //     transaction, or the server is misconfigured. Nothing was committed.
 //   - Unavailable, with RetryInfo: Postgres failed; the interceptor fails closed. Retry.
 //
+// The interceptor's log records, and idem.Do's spans for the guarded calls, never carry a call's
+// key, not even in the error texts they record; they carry its hash (idem.key.hash, key_hash)
+// unless Config.RecordKeys is set.
+//
 // It is its own module, so that depending on package idem does not pull in gRPC.
 package idemgrpc

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/txwatch"
 	"github.com/idemkit/idem/tx"
 )
@@ -175,6 +176,7 @@ type outcome struct {
 }
 
 func (s *server) guard(ctx context.Context, m *method, req proto.Message, handler grpc.UnaryHandler, key idem.Key) (any, error) {
+	rk := redact.Key{Scope: key.Scope, ID: key.ID}
 	var (
 		out   storedReply
 		fresh *outcome // the handler's answer, when this call's attempt stored it
@@ -210,7 +212,8 @@ func (s *server) guard(ctx context.Context, m *method, req proto.Message, handle
 		return s.forward(ctx, last)
 	case errors.As(err, &refused):
 		if refused.reason == ReasonMisconfigured {
-			s.cfg.Logger.ErrorContext(ctx, "idemgrpc: the handler's answer cannot be stored; nothing was committed", "method", m.name, "error", err)
+			s.cfg.Logger.ErrorContext(ctx, "idemgrpc: the handler's answer cannot be stored; nothing was committed", "method", m.name, "scope", key.Scope,
+				s.cfg.keys.Log(rk), s.cfg.keys.Error(err, rk))
 		}
 		return nil, refusal(refused.code, refused.reason, 0, refused.msg)
 	case errors.As(err, &inFlight):
@@ -222,12 +225,13 @@ func (s *server) guard(ctx context.Context, m *method, req proto.Message, handle
 		// AlreadyExists, say). The failed transaction cannot store it; send it unstored.
 		return s.forward(ctx, last)
 	case abortedTx(err):
-		s.cfg.Logger.ErrorContext(ctx, "idemgrpc: the handler answered after a statement in its transaction failed; nothing was committed", "method", m.name, "error", err)
+		s.cfg.Logger.ErrorContext(ctx, "idemgrpc: the handler answered after a statement in its transaction failed; nothing was committed", "method", m.name,
+			"scope", key.Scope, s.cfg.keys.Log(rk), s.cfg.keys.Error(err, rk))
 		return nil, refusal(codes.Internal, ReasonHandlerTxFailed, 0, "the server's handler answered, but its database transaction had failed, so nothing was committed; retry with the same key")
 	case ctx.Err() != nil:
 		return nil, status.FromContextError(ctx.Err()).Err()
 	default:
-		s.cfg.Logger.ErrorContext(ctx, "idemgrpc: error running guarded call", "method", m.name, "key", key.ID, "error", err)
+		s.cfg.Logger.ErrorContext(ctx, "idemgrpc: error running guarded call", "method", m.name, "scope", key.Scope, s.cfg.keys.Log(rk), s.cfg.keys.Error(err, rk))
 		return nil, refusal(codes.Unavailable, ReasonStoreUnavailable, s.cfg.UnavailableRetryDelay, "the server could not record this call in its idempotency store, so it did not complete it: retry after the delay in RetryInfo with the same key")
 	}
 }

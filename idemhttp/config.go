@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/handlercfg"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/tx"
 )
 
@@ -163,14 +164,23 @@ type Config struct {
 
 	// Logger receives server-side errors (a misconfiguration, a failed transaction) and, at
 	// warn level, what clients cannot see: the store unavailable, a race for a key that
-	// survived every retry. Default: slog.Default().
+	// survived every retry. Default: slog.Default(). A record names the request's key by its
+	// hash (key_hash), never by its ID, and error texts have the ID replaced, unless RecordKeys
+	// is set.
 	Logger *slog.Logger
 
 	// TracerProvider receives a span per guarded request, "idemhttp.request" (attributes
 	// idem.outcome: run, replay, in_flight, mismatch, refused, error, unavailable;
-	// idem.replayed; http.response.status_code), with idem.Do's span inside it. Default: the
-	// global provider, which discards spans until the application installs an SDK.
+	// idem.replayed; http.response.status_code; idem.scope; idem.key.hash), with idem.Do's span
+	// inside it. Default: the global provider, which discards spans until the application
+	// installs an SDK.
 	TracerProvider trace.TracerProvider
+
+	// RecordKeys makes spans and log records carry the Idempotency-Key's value as it is
+	// (idem.key.id and id, and in error texts) instead of the short hash that stands for it by
+	// default (idem.key.hash and key_hash; see idem.RecordKeys). For APIs whose keys are not
+	// secrets. Metrics never carry keys.
+	RecordKeys bool
 
 	// MeterProvider receives idem.Do's metrics for the guarded requests (see
 	// idem.MeterProvider). Default: the global provider.
@@ -218,6 +228,7 @@ type settings struct {
 	keepCredential map[string]bool
 	keyOpts        []idem.Option // the Config's fields for idem.Do
 	txOpts         []tx.Option   // and for tx.Run
+	keys           redact.Keys   // what records carry of keys
 }
 
 func newSettings(cfg *Config) (*settings, error) {
@@ -310,7 +321,8 @@ func (s *settings) storeOptions() error {
 	c := &s.Config
 	st := handlercfg.Store{TTL: c.TTL, Wait: c.Wait, InFlightRetryAfter: c.InFlightRetryAfter, Schema: c.Schema,
 		Isolation: c.Isolation, MaxAttempts: c.MaxAttempts, MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff,
-		TracerProvider: c.TracerProvider, MeterProvider: c.MeterProvider}
+		TracerProvider: c.TracerProvider, MeterProvider: c.MeterProvider, RecordKeys: c.RecordKeys}
+	s.keys = redact.Keys{Full: c.RecordKeys}
 	var err error
 	if s.keyOpts, s.txOpts, err = st.Options("idemhttp", "InFlightRetryAfter"); err != nil {
 		return err

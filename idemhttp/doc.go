@@ -73,4 +73,11 @@
 //   - handler-transaction-failed (500): the handler answered success from a failed transaction.
 //   - idempotency-misconfigured (500): a server configuration error; nothing ran.
 //   - idempotency-store-unavailable (503): Postgres failed; retry after Retry-After.
+//
+// # Keys in records
+//
+// The middleware's spans and log records, and idem.Do's inside them, never carry the value of a
+// request's Idempotency-Key, not even in the error texts they record: a client may reuse a
+// secret as its key. They carry the key's hash instead (idem.key.hash, key_hash), which idem
+// keys get prints; Config.RecordKeys puts the value itself in.
 package idemhttp

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/digest"
 )
 
 func FuzzParseKey(f *testing.F) {
@@ -82,6 +83,14 @@ func FuzzCanonicalJSON(f *testing.F) {
 		}
 		if !json.Valid(canon) {
 			t.Fatalf("CanonicalJSON(%q) = %q, not valid JSON", data, canon)
+		}
+		// The digest written as the canonical form is made, through a buffer, has the same
+		// bytes as the canonical form held whole.
+		whole, streamed := digest.New(), digest.New()
+		whole.Part(len(canon))
+		_, _ = whole.Write(canon)
+		if !canonicalDigest(streamed, data) || !bytes.Equal(whole.Sum(), streamed.Sum()) {
+			t.Fatalf("canonicalDigest(%q) differs from the digest of CanonicalJSON's %q", data, canon)
 		}
 		again, err := CanonicalJSON(canon)
 		if err != nil || !bytes.Equal(again, canon) {

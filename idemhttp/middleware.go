@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txwatch"
 	"github.com/idemkit/idem/tx"
@@ -194,10 +195,11 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 	defer span.End()
 	r = r.WithContext(ctx)
 	outcome, status := "error", 0
+	rk := redact.Key{Scope: key.Scope, ID: key.ID}
 	defer func() {
 		if span.IsRecording() {
 			span.SetAttributes(telemetry.Outcome.String(outcome), telemetry.Replayed.Bool(outcome == "replay"),
-				telemetry.HTTPCode.Int(status), telemetry.Scope.String(key.Scope))
+				telemetry.HTTPCode.Int(status), telemetry.Scope.String(key.Scope), m.cfg.keys.Attr(rk))
 			if outcome == "error" || outcome == "unavailable" {
 				span.SetStatus(codes.Error, outcome)
 			}
@@ -261,7 +263,8 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 		if inFlight.Race {
 			// Each attempt lost the race to a duplicate that committed after it looked: the
 			// client sees a 409 and retries, but this should not happen on every attempt.
-			m.cfg.Logger.WarnContext(r.Context(), "idemhttp: a race for the key survived every retry of the transaction", "scope", key.Scope, "error", err)
+			m.cfg.Logger.WarnContext(r.Context(), "idemhttp: a race for the key survived every retry of the transaction", "scope", key.Scope,
+				m.cfg.keys.Log(rk), m.cfg.keys.Error(err, rk))
 		}
 		m.writeProblem(w, problemInFlight, 0, max(inFlight.RetryAfter, 1), "A request with this idempotency key is still being processed. Retry after the time in Retry-After with the same key to get its response.")
 	case errors.Is(err, idem.ErrMismatch):
@@ -274,12 +277,14 @@ func (m *middleware) guard(w http.ResponseWriter, r *http.Request, next http.Han
 		writeResponse(w, last.status, last.sent, last.body.Bytes())
 	case abortedTx(err):
 		outcome, status = "error", http.StatusInternalServerError
-		m.cfg.Logger.ErrorContext(r.Context(), "idemhttp: handler answered success after a statement in its transaction failed; nothing was committed", "scope", key.Scope, "error", err)
+		m.cfg.Logger.ErrorContext(r.Context(), "idemhttp: handler answered success after a statement in its transaction failed; nothing was committed", "scope", key.Scope,
+			m.cfg.keys.Log(rk), m.cfg.keys.Error(err, rk))
 		m.writeProblem(w, problemHandlerTx, 0, 0, "The server's handler reported success but its database transaction had failed, so nothing was committed. Retry with the same key.")
 	default:
 		outcome, status = "unavailable", http.StatusServiceUnavailable
 		if r.Context().Err() == nil {
-			m.cfg.Logger.WarnContext(r.Context(), "idemhttp: the idempotency store is unavailable; the request was refused with 503", "scope", key.Scope, "error", err)
+			m.cfg.Logger.WarnContext(r.Context(), "idemhttp: the idempotency store is unavailable; the request was refused with 503", "scope", key.Scope,
+				m.cfg.keys.Log(rk), m.cfg.keys.Error(err, rk))
 		}
 		m.writeProblem(w, problemUnavailable, 0, m.cfg.UnavailableRetryAfter, "The server could not record this request in its idempotency store, so it did not complete it. Retry after the time in Retry-After with the same key.")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,4 +46,22 @@ func ExampleAddReapWorker() {
 	})
 	fmt.Println(err)
 	// Output: <nil>
+}
+
+// Every process migrates idem's tables and River's at its start, through one call that holds an
+// advisory lock while it does: processes that start at once do not race on River's migrations.
+func ExampleMigrate() {
+	ctx := context.Background()
+	pool := idemtest.NewExamplePool(nil) // or pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	defer pool.Close()
+
+	if err := idemriver.Migrate(ctx, pool, &idemriver.MigrateConfig{Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		log.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename IN ('river_job', 'idem_keys')`).Scan(&n); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("tables:", n)
+	// Output: tables: 2
 }

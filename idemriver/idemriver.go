@@ -12,6 +12,12 @@
 //		Workers:      workers,
 //		PeriodicJobs: []*river.PeriodicJob{idemriver.ReapPeriodicJob(nil)},
 //	})
+//
+// [Migrate] brings idem's tables and River's up to date under one advisory lock, for every
+// application that uses both, engine or not: River's own migrator takes no lock, and processes
+// that start at once would race on it.
+//
+//	err := idemriver.Migrate(ctx, pool, nil)
 package idemriver
 
 import (

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 )
 
@@ -72,8 +73,8 @@ func (e *Engine) RunCancel(ctx context.Context, key idem.Key, reason string) err
 		if err != nil {
 			return fmt.Errorf("workflow: error cancelling run: %w", err)
 		}
-		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "owner", run.Owner, "reason", reason,
-			"children_cancelled", len(children))
+		e.log.InfoContext(ctx, "workflow: run cancelled", "workflow", run.Workflow, "scope", key.Scope, e.keys.Log(rkey(key)), "owner", run.Owner,
+			"reason", e.keys.Text(reason, rkey(key)), "children_cancelled", len(children))
 		return nil
 	})
 }
@@ -145,22 +146,23 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 		}
 		if !admitted {
 			e.log.InfoContext(ctx, "workflow: run resumed by an operator waits for a slot of its concurrency key", "workflow", run.Workflow,
-				"scope", key.Scope, "id", key.ID)
+				"scope", key.Scope, e.keys.Log(rkey(key)))
 			return nil
 		}
 		if err := e.insertResume(ctx, jobs, t, key, generation, resumeByOperator); err != nil {
 			return err
 		}
-		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.Workflow, "scope", key.Scope, "id", key.ID, "from", string(run.State))
+		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.Workflow, "scope", key.Scope, e.keys.Log(rkey(key)), "from", string(run.State))
 		return nil
 	})
 }
 
 // RunFork starts a new run under newKey, of the same workflow with the same input, whose
 // history is the run under key's steps before position fromStep (1 copies nothing, 2 copies
-// step 1, and so on): those steps are replayed, not run, and the new run runs from fromStep on,
-// through a River resume job inserted in the same transaction. It is how an operator reruns a
-// run from a step once the bug that broke that step is fixed, without touching the original.
+// step 1, and so on): those steps are replayed, not run, the events they set (steps.SetEvent)
+// are the new run's events, and the new run runs from fromStep on, through a River resume job
+// inserted in the same transaction. It is how an operator reruns a run from a step once the bug
+// that broke that step is fixed, without touching the original.
 //
 // The new run is a run of its own: its steps get new derived keys (see [StepKey]), a run with a
 // deadline (RunOpts.Timeout) gets the same timeout counted from the fork, the run's attributes
@@ -221,11 +223,20 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		if err := e.st.RunForkSteps(ctx, t, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
 			return fmt.Errorf("workflow: error copying the run's history: %w", err)
 		}
-		e.log.InfoContext(ctx, "workflow: run forked", "workflow", src.Workflow, "scope", key.Scope, "id", key.ID,
-			"new_scope", newKey.Scope, "new_id", newKey.ID, "from_step", fromStep)
+		// The copied event steps are replayed, not run: what they published comes with them.
+		if err := e.st.RunForkEvents(ctx, t, key.Scope, key.ID, newKey.Scope, newKey.ID, fromStep); err != nil {
+			return fmt.Errorf("workflow: error copying the run's events: %w", err)
+		}
+		newAttr := e.keys.Log(rkey(newKey))
+		newAttr.Key = "new_" + newAttr.Key
+		e.log.InfoContext(ctx, "workflow: run forked", "workflow", src.Workflow, "scope", key.Scope, e.keys.Log(rkey(key)),
+			"new_scope", newKey.Scope, newAttr, "from_step", fromStep)
 		return nil
 	})
 }
+
+// rkey is key as records concern it.
+func rkey(key idem.Key) redact.Key { return redact.Key{Scope: key.Scope, ID: key.ID} }
 
 // cancelledOutcome turns an error that stopped a run into the run's cancellation, when that is
 // what happened: a cancel takes the lease away, so the owner first sees a lost lease, and only
@@ -242,9 +253,9 @@ func (e *Engine) cancelledOutcome(ctx context.Context, rs *runState, err error) 
 	}
 	if herr := e.st.RunCancelHeard(lctx, e.db, rs.scope, rs.id, e.owner); herr != nil {
 		// The lease then runs out by itself; a resume waits for that.
-		e.log.WarnContext(ctx, "workflow: error giving up the lease of a cancelled run", "scope", rs.scope, "id", rs.id, "error", herr)
+		e.log.WarnContext(ctx, "workflow: error giving up the lease of a cancelled run", "scope", rs.scope, e.keys.Log(rs.rkey()), e.keys.Error(herr, rs.rkey()))
 	}
 	e.log.InfoContext(ctx, "workflow: run was cancelled and stopped at its step boundary", "workflow", rs.def.Name(),
-		"scope", rs.scope, "id", rs.id, "attempt", rs.attempt)
+		"scope", rs.scope, e.keys.Log(rs.rkey()), "attempt", rs.attempt)
 	return cancelledFromStored(rs.def.Name(), idemKey(rs), kr.Output)
 }

@@ -101,6 +101,9 @@ func GoStep(ctx context.Context, kind, name string, opts *StepOpts, body func(ct
 		if err != nil {
 			return nil, err
 		}
+		if err := s.rs.checkStepOutput(s, out); err != nil {
+			return nil, err
+		}
 		if err := s.rs.writeCheckpoint(ctx, s.rs.checkpointParams(s, out, nil)); err != nil {
 			return nil, err
 		}
@@ -150,7 +153,7 @@ func goStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres b
 	go func() {
 		defer rs.branches.inflight.Done()
 		defer func() { <-rs.branches.slots }()
-		sctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, c.info.Seq, false)
+		sctx, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, c.info.Seq, false)
 		out, err := rs.attempts(sctx, c.info, &c.cfg, inPostgres, span, attempt)
 		span.end(c.info.Attempt, err)
 		b.finish(out, err)
@@ -166,6 +169,9 @@ func (rs *runState) branchTx(ctx context.Context, s *StepInfo, body func(ctx con
 		return nil, err
 	}
 	out, err := body(ctx, bt.view, s)
+	if err == nil {
+		err = rs.checkStepOutput(s, out)
+	}
 	if err != nil {
 		bt.rollback(ctx)
 		return nil, err

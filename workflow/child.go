@@ -90,6 +90,9 @@ func (w *Workflow[In, Out]) StartChild(ctx context.Context, step string, in In, 
 	if err != nil {
 		return nil, fmt.Errorf("workflow: error encoding input of child %q (type %T) as JSON: %w", step, in, err)
 	}
+	if err := rs.e.checkInput(w.name, input); err != nil {
+		return nil, err
+	}
 	closeRule := store.ParentCancel
 	if opts.Abandon {
 		closeRule = store.ParentAbandon

@@ -160,7 +160,19 @@
 // reconciliations; a histogram of step duration; and a gauge of runs by state (done runs
 // excepted). A run keeps the W3C traceparent of the span that started it, and its resume job
 // makes that span its parent: the part of a run that another process finishes after a crash
-// sits in the trace of the request that started it. Keys are never recorded; scopes are.
+// sits in the trace of the request that started it. Key IDs are never recorded, in spans, events,
+// metrics, log records or the errors of the engine's River jobs: a run's records carry the hash
+// of its key (idem.key.hash, key_hash) instead, and Config.RecordKeys the IDs; scopes and
+// workflow names are recorded as they are.
+//
+// # Limits
+//
+// What callers and workflow code hand the engine is bounded by Config: a run's input
+// (MaxInputBytes), a step's output (MaxStepOutputBytes) and a signal's payload
+// (MaxSignalPayloadBytes), 1 MiB of JSON each by default, and the signals waiting in a run's
+// mailbox (MaxPendingSignals, 10,000). Over a limit the answer is a *LimitError naming the limit
+// and its field, and nothing of it is stored; a step whose output is over the limit fails for good
+// at once.
 //
 // # Operating runs
 //

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/wfseam"
@@ -124,14 +125,46 @@ type Config struct {
 	//	cfg := &workflow.Config{Version: "2026-11-23.1", ResumeVersions: []string{"2026-11-23.1"}}
 	ResumeVersions []string
 
+	// MaxInputBytes bounds a run's input, as JSON: Workflow.Run, StartTx, a child run's start
+	// and Schedule refuse a bigger one with a *LimitError before anything is stored. Default
+	// 1 MiB.
+	MaxInputBytes int
+
+	// MaxStepOutputBytes bounds a step's output, as JSON (steps.Tx's and steps.Call's results,
+	// steps.SetEvent's value). A step whose output is bigger fails for good at once, as if it
+	// returned steps.Permanent(*LimitError): the output would not shrink on a retry. A Tx step's
+	// writes roll back with it; a Call's outside effect has happened, but its output is not
+	// stored, so handle the failure (or raise the limit and resume the run) knowing that. Default
+	// 1 MiB.
+	MaxStepOutputBytes int
+
+	// MaxSignalPayloadBytes bounds a signal's payload, as JSON: SignalTx refuses a bigger one
+	// with a *LimitError and records nothing. Default 1 MiB.
+	MaxSignalPayloadBytes int
+
+	// MaxPendingSignals bounds how many signals a run's mailbox holds that no await has consumed:
+	// SignalTx refuses another with a *LimitError and records nothing, so a sender cannot fill the
+	// mailbox of a run that never awaits. Senders that signal the same run at the same moment may
+	// each find room for one more. Duplicates (SignalOpts.DedupeID) are answered as duplicates,
+	// however full the mailbox. Default 10,000.
+	MaxPendingSignals int
+
 	// Schema is the Postgres schema of idem's tables, as given to idem.Migrate with idem.Schema.
 	// Default "": search_path decides.
 	Schema string
 
 	// Logger receives what the engine does that no caller hears of: runs resumed or taken over
 	// (Info), reconciled (Info), stopped by a lost lease or before their end (Warn). Default
-	// slog.Default().
+	// slog.Default(). A record names a run by its scope and the hash of its key (key_hash), never
+	// by its key's ID, unless RecordKeys is set.
 	Logger *slog.Logger
+
+	// RecordKeys makes the engine's spans and log records carry key IDs as they are (idem.key.id
+	// and id, and in the error texts they record), instead of the short hash that stands for a
+	// key by default (idem.key.hash and key_hash: 16 hex digits of a SHA-256 of the scope and ID,
+	// which idem runs show prints). For deployments whose keys are not secrets. Metrics never
+	// carry keys, hashed or not.
+	RecordKeys bool
 
 	// TracerProvider and MeterProvider receive the engine's spans (idem.workflow.run, .resume,
 	// .step, .scan) and metrics (idem.step.executions, .retries, .duration;
@@ -167,7 +200,8 @@ type Engine struct {
 	client    atomic.Pointer[river.Client[pgx.Tx]]
 	log       *slog.Logger
 	tel       *telemetry.Set
-	owner     string // names this process in the leases it takes, for operators
+	keys      redact.Keys // what records carry of keys
+	owner     string      // names this process in the leases it takes, for operators
 
 	// heartbeatOff stops lease renewals, to let tests play a paused process.
 	heartbeatOff atomic.Bool
@@ -201,7 +235,7 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: store.For(c.Schema), log: c.Logger,
-		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner(), now: time.Now}
+		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner(), now: time.Now, keys: redact.Keys{Full: c.RecordKeys}}
 	for i, d := range c.Workflows {
 		if d == nil {
 			return nil, fmt.Errorf("workflow: Workflows[%d] cannot be nil", i)
@@ -253,6 +287,10 @@ func (c *Config) setDefaults() error {
 		num(&c.ScanBatchSize, "ScanBatchSize", DefaultScanBatchSize),
 		num(&c.StepAttemptsKept, "StepAttemptsKept", DefaultStepAttemptsKept),
 		num(&c.MaxParallelSteps, "MaxParallelSteps", DefaultMaxParallelSteps),
+		num(&c.MaxInputBytes, "MaxInputBytes", DefaultMaxInputBytes),
+		num(&c.MaxStepOutputBytes, "MaxStepOutputBytes", DefaultMaxStepOutputBytes),
+		num(&c.MaxSignalPayloadBytes, "MaxSignalPayloadBytes", DefaultMaxSignalPayloadBytes),
+		num(&c.MaxPendingSignals, "MaxPendingSignals", DefaultMaxPendingSignals),
 		func() error {
 			if c.Queue == "" {
 				c.Queue = river.QueueDefault

@@ -22,6 +22,8 @@ var ErrEventNotSet = errors.New("workflow: event is not set")
 // SetEventStep is the step behind steps.SetEvent: it publishes value (JSON) as the run's event
 // name, in a step's transaction, so a resumed run does not publish it again and a reader never
 // sees a value from a step that did not commit. A later SetEvent of the same name replaces it.
+// The step's output is the value, so that the history says what each step set, and a fork
+// (Engine.RunFork) gets the events its copied steps set.
 // The value is visible once the step commits: at the latest when the run's next step begins, or
 // when it waits or ends. Package steps is the intended caller.
 //
@@ -35,7 +37,7 @@ func SetEventStep(ctx context.Context, name string, value []byte) error {
 		if err := rs.e.st.EventSet(ctx, t, rs.scope, rs.id, name, value); err != nil {
 			return nil, fmt.Errorf("error publishing event %q: %w", name, err)
 		}
-		return []byte("null"), nil
+		return value, nil
 	})
 	return err
 }

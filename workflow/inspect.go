@@ -2,7 +2,6 @@ package workflow
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/page"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/tx"
 )
@@ -423,15 +423,7 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 // pageLimit checks the Limit of a page of RunList or ScheduleList (field names it), and gives
 // the default for 0.
 func pageLimit(field string, limit int) (int, error) {
-	switch {
-	case limit < 0:
-		return 0, fmt.Errorf("workflow: %s cannot be negative (got %d)", field, limit)
-	case limit > MaxRunListLimit:
-		return 0, fmt.Errorf("workflow: %s cannot be more than %d (got %d); page with After instead", field, MaxRunListLimit, limit)
-	case limit == 0:
-		return DefaultRunListLimit, nil
-	}
-	return limit, nil
+	return page.Limit("workflow: "+field, limit, DefaultRunListLimit, MaxRunListLimit)
 }
 
 type cursor struct {
@@ -441,8 +433,7 @@ type cursor struct {
 }
 
 func encodeCursor(c store.RunCursor) string {
-	data, _ := json.Marshal(cursor{Created: c.Created, Scope: c.Scope, ID: c.ID}) // strings and a number always encode
-	return base64.RawURLEncoding.EncodeToString(data)
+	return page.Encode(cursor{Created: c.Created, Scope: c.Scope, ID: c.ID})
 }
 
 // ErrInvalidCursor is RunList's answer to a RunListParams.After that is not a cursor it made.
@@ -455,22 +446,12 @@ func decodeCursor(s string) (*store.RunCursor, error) {
 	// The creation times a cursor may carry, in µs since the epoch: years 1 to 9999, well inside
 	// what Postgres's timestamptz and its interval arithmetic hold.
 	const minCreated, maxCreated = -62135596800000000, 253402300799999999
-	data, err := base64.RawURLEncoding.DecodeString(s)
-	var c cursor
-	if err == nil {
-		err = json.Unmarshal(data, &c)
-	}
 	// A cursor RunList made holds a run's key, which passed idem's checks when it was stored, and
 	// its creation time, which Postgres held: anything else was forged, and would reach the
 	// statement as a value Postgres refuses (a NUL byte, invalid UTF-8, a time out of range).
-	if err == nil {
-		err = idem.Key{Scope: c.Scope, ID: c.ID}.Validate()
-	}
-	if err != nil || c.Created < minCreated || c.Created > maxCreated {
-		if len(s) > 100 {
-			s = s[:100] + "…" // a forged cursor does not fill the error
-		}
-		return nil, fmt.Errorf("%w: RunListParams.After %q is not a cursor from RunListResult.Next", ErrInvalidCursor, s)
+	var c cursor
+	if !page.Decode(s, &c) || (idem.Key{Scope: c.Scope, ID: c.ID}).Validate() != nil || c.Created < minCreated || c.Created > maxCreated {
+		return nil, fmt.Errorf("%w: RunListParams.After %s is not a cursor from RunListResult.Next", ErrInvalidCursor, page.Quote(s))
 	}
 	return &store.RunCursor{Created: c.Created, Scope: c.Scope, ID: c.ID}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/jackc/pgx/v5"
 )
@@ -159,7 +160,8 @@ func (e *Engine) reconcile(ctx context.Context, scope, id string, row *store.Ins
 		return fmt.Errorf("workflow: error storing reconciliation of key %q in scope %q: %w", id, scope, err)
 	}
 	e.countReconcile(ctx, row.Workflow, reason, d.action.String())
-	e.log.InfoContext(ctx, "workflow: run reconciled", "decision", d.action.String(), "workflow", row.Workflow, "scope", scope, "id", id, "reason", string(reason), "attempts", row.Attempts)
+	e.log.InfoContext(ctx, "workflow: run reconciled", "decision", d.action.String(), "workflow", row.Workflow, "scope", scope,
+		e.keys.Log(redact.Key{Scope: scope, ID: id}), "reason", string(reason), "attempts", row.Attempts)
 	return nil
 }
 

@@ -60,6 +60,7 @@ func (e *Engine) scanLoop(ctx context.Context, done, wake chan struct{}) {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
+			err = e.tablesError(err)
 			failures++
 			wait = e.cfg.ScanInterval
 			if failures == 1 || failures%20 == 0 {

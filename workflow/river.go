@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemriver"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 )
@@ -142,7 +143,7 @@ func (e *Engine) scan(ctx context.Context) (err error) {
 		if span.IsRecording() {
 			span.SetAttributes(attribute.Int("idem.runs", found))
 		}
-		endSpan(span, map[bool]string{true: "ok", false: "error"}[err == nil], err)
+		e.endSpan(span, map[bool]string{true: "ok", false: "error"}[err == nil], err, redact.Key{})
 	}()
 	return pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
 		expired, err := e.st.RunScan(ctx, t, e.cfg.ScanBatchSize)
@@ -174,7 +175,8 @@ type resumeWorker struct {
 func (w *resumeWorker) Timeout(*river.Job[ResumeArgs]) time.Duration { return -1 }
 
 func (w *resumeWorker) Work(ctx context.Context, job *river.Job[ResumeArgs]) error {
-	return w.e.resume(ctx, job.Args.Scope, job.Args.ID, job.Args.Reason)
+	err := w.e.resume(ctx, job.Args.Scope, job.Args.ID, job.Args.Reason)
+	return w.e.recordable(err, redact.Key{Scope: job.Args.Scope, ID: job.Args.ID})
 }
 
 // resume continues a run whose lease expired, or reconciles it when it cannot be continued.
@@ -188,10 +190,11 @@ func (e *Engine) resume(ctx context.Context, scope, id, reason string) error {
 	if !ok || row.State != store.RunRunning || row.Expired == nil || !*row.Expired {
 		return nil // gone, finished, or owned by a live process
 	}
+	rk := redact.Key{Scope: scope, ID: id}
 	ctx, span := e.startResumeSpan(ctx, row.Trace, telemetry.Workflow.String(row.Workflow), telemetry.Scope.String(scope),
-		telemetry.Attempts.Int(row.Attempts))
+		e.keys.Attr(rk), telemetry.Attempts.Int(row.Attempts))
 	outcome, err := e.resumeInspected(ctx, scope, id, &row, reason)
-	endSpan(span, outcome, err)
+	e.endSpan(span, outcome, err, rk)
 	return err
 }
 
@@ -226,15 +229,16 @@ func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *sto
 	switch reason {
 	case resumeStarted, resumeForked, resumeChild, resumeAdmitted, resumeScheduled:
 		// Not a recovery: a run started in a transaction (StartTx, a schedule), or forked, begins here.
-		e.log.InfoContext(ctx, "workflow: starting run", "workflow", row.Workflow, "scope", scope, "id", id, "by", reason,
+		e.log.InfoContext(ctx, "workflow: starting run", "workflow", row.Workflow, "scope", scope, e.keys.Log(rs.rkey()), "by", reason,
 			"replayed_steps", row.RecoveryPoint != "")
 	default:
-		e.log.InfoContext(ctx, "workflow: resuming run", "workflow", row.Workflow, "scope", scope, "id", id, "attempt", rs.attempt,
+		e.log.InfoContext(ctx, "workflow: resuming run", "workflow", row.Workflow, "scope", scope, e.keys.Log(rs.rkey()), "attempt", rs.attempt,
 			"recovery_point", row.RecoveryPoint, "lease_expired_for", row.ExpiredFor.Round(time.Millisecond), "by", cmp.Or(reason, "scan"))
 	}
 	res := e.execute(ctx, rs, input)
 	if res.err != nil && !quietEnd(res.err) {
-		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.Workflow, "scope", scope, "id", id, "attempt", rs.attempt, "error", res.err)
+		e.log.WarnContext(ctx, "workflow: resumed run stopped before its end", "workflow", row.Workflow, "scope", scope, e.keys.Log(rs.rkey()),
+			"attempt", rs.attempt, e.keys.Error(res.err, rs.rkey()))
 	}
 	return runOutcome(res.err, false), nil
 }

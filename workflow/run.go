@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/keyctx"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txctl"
@@ -270,7 +271,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		rs.started = e.now()
 		row, err := rs.tx.startRun(ctx, start)
 		if err != nil {
-			return nil, false, fmt.Errorf("workflow: error starting run: %w", err)
+			return nil, false, fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
 		}
 		kr := row.KeyRun
 		if !row.Started && row.Locked && kr.Found && reusable(kr) {
@@ -367,7 +368,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		if rs == nil {
 			continue // another process took it first
 		}
-		e.log.InfoContext(ctx, "workflow: taking over run whose lease expired", "workflow", name, "scope", key.Scope, "id", key.ID,
+		e.log.InfoContext(ctx, "workflow: taking over run whose lease expired", "workflow", name, "scope", key.Scope, e.keys.Log(rs.rkey()),
 			"attempt", rs.attempt, "lease_expired_for", kr.ExpiredFor.Round(time.Millisecond))
 		res := e.execute(ctx, rs, stored)
 		return res.output, false, res.err
@@ -497,6 +498,9 @@ func (e *Engine) execute(ctx context.Context, rs *runState, input []byte) outcom
 }
 
 func idemKey(rs *runState) idem.Key { return idem.Key{Scope: rs.scope, ID: rs.id} }
+
+// rkey is the run's key as records concern it.
+func (rs *runState) rkey() redact.Key { return redact.Key{Scope: rs.scope, ID: rs.id} }
 
 // executeOnce calls the workflow function once, and stores how it ended: its output, its
 // failure, a timeout. The function's own error is the run's failure only when nothing ended the
@@ -705,7 +709,8 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 		// The Calls that completed are worth keeping: a resume then need not run them again.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		if ferr := rs.tx.flushFenced(sctx); ferr != nil {
-			e.log.DebugContext(ctx, "workflow: error keeping the checkpoints of a stopped run", "scope", rs.scope, "id", rs.id, "error", ferr)
+			e.log.DebugContext(ctx, "workflow: error keeping the checkpoints of a stopped run", "scope", rs.scope, e.keys.Log(rs.rkey()),
+				e.keys.Error(ferr, rs.rkey()))
 		}
 		cancel()
 	}
@@ -713,7 +718,7 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 	if errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		if serr := e.st.RunStuck(sctx, e.db, rs.lease(), err.Error()); serr != nil {
-			e.log.WarnContext(ctx, "workflow: error recording why a run stopped", "scope", rs.scope, "id", rs.id, "error", serr)
+			e.log.WarnContext(ctx, "workflow: error recording why a run stopped", "scope", rs.scope, e.keys.Log(rs.rkey()), e.keys.Error(serr, rs.rkey()))
 		}
 		cancel()
 	}
@@ -723,7 +728,7 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 			return finished(nil, cancelled)
 		}
 		e.log.WarnContext(ctx, "workflow: run lost its lease and stopped; another process owns it now", "workflow", rs.def.Name(),
-			"scope", rs.scope, "id", rs.id, "attempt", rs.attempt, "error", err)
+			"scope", rs.scope, e.keys.Log(rs.rkey()), "attempt", rs.attempt, e.keys.Error(err, rs.rkey()))
 	}
 	if errors.Is(err, ErrLeaseLost) {
 		return outcome{kind: outStopped, err: err}

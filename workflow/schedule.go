@@ -260,6 +260,9 @@ func (w *Workflow[In, Out]) ScheduleTx(ctx context.Context, e *Engine, t pgx.Tx,
 	if err != nil {
 		return fmt.Errorf("workflow: error encoding input of type %T as JSON: %w", in, err)
 	}
+	if err := e.checkInput(w.name, input); err != nil { // every tick's run gets it
+		return err
+	}
 	p.Workflow, p.Input = w.name, input
 	// The input is the same at every tick, and so is the runs' concurrency key: stored with the
 	// schedule, it limits them wherever they are fired, by a CLI that knows no workflow too.

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 )
 
@@ -105,8 +106,10 @@ func (e *Engine) fireOne(ctx context.Context, jobs jobInserter, except []string)
 		for _, tick := range start {
 			if busy && s.Overlap == string(OverlapSkip) {
 				adv.Skipped++
+				unfinished := e.keys.Log(redact.Key{Scope: s.Scope, ID: s.LastRunID})
+				unfinished.Key = "unfinished_" + unfinished.Key
 				e.log.DebugContext(ctx, "workflow: schedule tick skipped: the run before it is unfinished", "schedule", s.Name, "tick", tick,
-					"unfinished", s.LastRunID)
+					unfinished)
 				continue
 			}
 			key, started, err := e.startTick(ctx, jobs, t, s, tick)
@@ -155,13 +158,14 @@ func (e *Engine) startTick(ctx context.Context, jobs jobInserter, t pgx.Tx, s *s
 	switch {
 	case errors.Is(err, idem.ErrMismatch):
 		// The tick's key was taken by something else: the tick has had its chance.
-		e.log.WarnContext(ctx, "workflow: schedule tick not started: its key is taken", "schedule", s.Name, "tick", tick, "error", err)
+		e.log.WarnContext(ctx, "workflow: schedule tick not started: its key is taken", "schedule", s.Name, "tick", tick, "scope", key.Scope,
+			e.keys.Log(rkey(key)), e.keys.Error(err, rkey(key)))
 		return key, false, nil
 	case err != nil:
 		return key, false, err
 	}
 	if started {
-		e.log.DebugContext(ctx, "workflow: schedule tick started a run", "schedule", s.Name, "tick", tick, "scope", key.Scope, "id", key.ID)
+		e.log.DebugContext(ctx, "workflow: schedule tick started a run", "schedule", s.Name, "tick", tick, "scope", key.Scope, e.keys.Log(rkey(key)))
 	}
 	return key, started, nil
 }

@@ -70,6 +70,10 @@ type SignalResult struct {
 // that is unknown gets ErrRunNotFound, one that has finished ErrRunFinished. It needs the
 // engine's River client (see [Engine.SetClient]).
 //
+// A payload over Config.MaxSignalPayloadBytes, or a signal to a run with Config.MaxPendingSignals
+// signals pending, is refused with a *LimitError (errors.Is(err, ErrLimitExceeded)), and nothing
+// is recorded; t is still usable.
+//
 // SignalTx locks the run's row FOR KEY SHARE until t ends, which orders it with a run that is
 // about to wait (see the README); keep t short, as for any transaction that touches a hot row.
 func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name string, payload any, opts *SignalOpts) (*SignalResult, error) {
@@ -93,11 +97,15 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 	if err != nil {
 		return nil, fmt.Errorf("workflow: error encoding signal payload of type %T as JSON: %w", payload, err)
 	}
+	if err := checkSize("MaxSignalPayloadBytes", fmt.Sprintf("the payload of signal %q", name), data, e.cfg.MaxSignalPayloadBytes); err != nil {
+		return nil, err
+	}
 	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	sig, found, err := e.st.SignalSend(ctx, t, store.SignalParams{Scope: key.Scope, ID: key.ID, Name: name, Payload: data, DedupeID: dedupe})
+	sig, found, err := e.st.SignalSend(ctx, t, store.SignalParams{Scope: key.Scope, ID: key.ID, Name: name, Payload: data, DedupeID: dedupe,
+		MaxPending: e.cfg.MaxPendingSignals})
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("workflow: error recording signal: %w", e.tablesError(err))
@@ -105,6 +113,8 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 		return nil, fmt.Errorf("%w: cannot signal %q to key %q in scope %q", ErrRunNotFound, name, key.ID, key.Scope)
 	case sig.State.Finished():
 		return nil, fmt.Errorf("%w: cannot signal %q to key %q in scope %q, which is %s", ErrRunFinished, name, key.ID, key.Scope, sig.State)
+	case sig.Seq == nil && !sig.Duplicate && sig.Pending >= e.cfg.MaxPendingSignals:
+		return nil, &LimitError{Field: "MaxPendingSignals", What: fmt.Sprintf("cannot signal %q", name), Size: sig.Pending, Max: e.cfg.MaxPendingSignals}
 	}
 	res := &SignalResult{Duplicate: sig.Seq == nil}
 	if sig.Seq != nil {

@@ -66,6 +66,9 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	if err != nil {
 		return fmt.Errorf("workflow: error encoding input of type %T as JSON: %w", in, err)
 	}
+	if err := e.checkInput(w.name, input); err != nil {
+		return err
+	}
 	fingerprint := key.Fingerprint
 	if fingerprint == nil {
 		fingerprint = idem.Fingerprint("idem.workflow.input", w.name, string(input))

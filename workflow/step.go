@@ -168,6 +168,9 @@ func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(c
 		if err != nil {
 			return nil, err
 		}
+		if err := s.rs.checkStepOutput(s, out); err != nil {
+			return nil, err
+		}
 		if err := s.rs.checkpointCall(ctx, s, out, s.checkpointNow); err != nil {
 			return nil, err
 		}
@@ -205,7 +208,7 @@ func runStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres 
 	if err := rs.boundary(ctx, inPostgres); err != nil {
 		return nil, err
 	}
-	ctx, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, c.info.Seq, false)
+	ctx, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, c.info.Seq, false)
 	out, err := rs.attempts(ctx, c.info, &c.cfg, inPostgres, span, attempt)
 	span.end(c.info.Attempt, err)
 	return out, err
@@ -271,7 +274,7 @@ func claimStep(ctx context.Context, kind, name string, opts *StepOpts, main bool
 			defer rs.idle()
 		}
 		c.replayed = true
-		_, span := rs.e.startStep(ctx, rs.def.Name(), kind, name, seq, true)
+		_, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, seq, true)
 		if rec.Error != nil {
 			err := &StepError{Step: name, Seq: seq, Attempts: rec.Attempts, Message: *rec.Error}
 			span.end(0, err)
@@ -436,8 +439,8 @@ func (rs *runState) recordAttempt(ctx context.Context, info *StepInfo, outcome s
 		return rs.commitFailed(ctx, "the run's start with a failed attempt", rerr)
 	}
 	// The record is for the operator; the step goes on without it.
-	rs.e.log.WarnContext(ctx, "workflow: error recording a failed attempt", "workflow", rs.def.Name(), "scope", rs.scope, "id", rs.id,
-		"step", info.Name, "error", rerr)
+	rs.e.log.WarnContext(ctx, "workflow: error recording a failed attempt", "workflow", rs.def.Name(), "scope", rs.scope, rs.e.keys.Log(rs.rkey()),
+		"step", info.Name, rs.e.keys.Error(rerr, rs.rkey()))
 	return nil
 }
 
@@ -482,6 +485,9 @@ func (rs *runState) stepTx(ctx context.Context, s *StepInfo, body func(ctx conte
 		return nil, err
 	}
 	out, err := body(ctx, t, s)
+	if err == nil {
+		err = rs.checkStepOutput(s, out) // then the step's writes are undone, as for any failure
+	}
 	if err == nil {
 		rs.tx.hold(rs.deferredCheckpoint(rs.e.st.StepCheckpoint(rs.checkpointParams(s, out, nil)), s.Name), s.Name)
 		return out, nil

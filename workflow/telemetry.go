@@ -3,6 +3,7 @@ package workflow
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 )
@@ -30,7 +32,10 @@ import (
 //     attempts; a step answered from the run's history has idem.replayed=true.
 //   - idem.workflow.scan: the recovery scan.
 //
-// Keys are never recorded (a client's key may be a secret); scopes and workflow names are.
+// Key IDs are never recorded (a client's key may be a secret), in attributes, events, error texts
+// or log records: a run's spans carry idem.key.hash, the short hash that stands for its key (see
+// internal/redact), and its log records key_hash; Config.RecordKeys puts the IDs themselves in
+// instead. Scopes and workflow names are recorded as they are.
 
 var propagator = propagation.TraceContext{}
 
@@ -68,15 +73,37 @@ func (e *Engine) startResumeSpan(ctx context.Context, traceContext string, attrs
 	return e.tel.Tracer.Start(ctx, "idem.workflow.resume", opts...)
 }
 
-// endSpan records how an operation ended on span and ends it.
-func endSpan(span trace.Span, outcome string, err error) {
+// endSpan records how an operation on key ended on span and ends it.
+func (e *Engine) endSpan(span trace.Span, outcome string, err error, key redact.Key) {
 	if span.IsRecording() {
 		span.SetAttributes(telemetry.Outcome.String(outcome))
 		if err != nil {
-			span.SetStatus(codes.Error, err.Error())
+			span.SetStatus(codes.Error, e.keys.Text(err.Error(), key))
 		}
 	}
 	span.End()
+}
+
+// redactedError is an error as records may carry it (see Engine.recordable).
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// recordable returns err with the key's ID replaced in its text, for an error that goes nowhere
+// but into records: the errors of the engine's River jobs, which River logs and stores with the
+// job. errors.Is and errors.As still see through it (River's JobSnooze among them).
+func (e *Engine) recordable(err error, key redact.Key) error {
+	if err == nil {
+		return nil
+	}
+	if msg := e.keys.Text(err.Error(), key); msg != err.Error() {
+		return &redactedError{msg: msg, err: err}
+	}
+	return err
 }
 
 // runOutcome names how a call that ran or replayed a run ended, for spans and logs.
@@ -103,6 +130,7 @@ func runOutcome(err error, replayed bool) string {
 // stepSpan is one step's telemetry: its span, and its attempts' metrics.
 type stepSpan struct {
 	e     *Engine
+	key   redact.Key // the run's
 	span  trace.Span
 	attrs metric.MeasurementOption // workflow and kind
 	kind  string
@@ -110,13 +138,13 @@ type stepSpan struct {
 }
 
 // startStep starts the span of step seq, and returns the context its attempts run in.
-func (e *Engine) startStep(ctx context.Context, workflowName, kind, name string, seq int, replayed bool) (context.Context, *stepSpan) {
+func (e *Engine) startStep(ctx context.Context, key redact.Key, workflowName, kind, name string, seq int, replayed bool) (context.Context, *stepSpan) {
 	ctx, span := e.tel.Tracer.Start(ctx, "idem.workflow.step", trace.WithSpanKind(trace.SpanKindInternal))
 	if span.IsRecording() {
 		span.SetAttributes(telemetry.Workflow.String(workflowName), telemetry.StepName.String(name),
 			telemetry.StepKind.String(kind), telemetry.StepSeq.Int(seq), telemetry.Replayed.Bool(replayed))
 	}
-	return ctx, &stepSpan{e: e, span: span, kind: kind, wf: workflowName,
+	return ctx, &stepSpan{e: e, key: key, span: span, kind: kind, wf: workflowName,
 		attrs: metric.WithAttributeSet(attribute.NewSet(telemetry.Workflow.String(workflowName), telemetry.StepKind.String(kind)))}
 }
 
@@ -133,7 +161,7 @@ func (s *stepSpan) attempt(ctx context.Context, started time.Time, outcome strin
 func (s *stepSpan) retry(ctx context.Context, attempt int, err error) {
 	s.e.tel.StepRetries.Add(ctx, 1, s.attrs)
 	if s.span.IsRecording() {
-		s.span.AddEvent("retry", trace.WithAttributes(telemetry.Attempt.Int(attempt), attribute.String("error", err.Error())))
+		s.span.AddEvent("retry", trace.WithAttributes(telemetry.Attempt.Int(attempt), attribute.String("error", s.e.keys.Text(err.Error(), s.key))))
 	}
 }
 
@@ -142,7 +170,7 @@ func (s *stepSpan) retry(ctx context.Context, attempt int, err error) {
 func (s *stepSpan) failed(_ context.Context, attempt int, outcome store.AttemptOutcome, err error) {
 	if s.span.IsRecording() {
 		s.span.AddEvent("attempt failed", trace.WithAttributes(telemetry.Attempt.Int(attempt), attribute.String("idem.attempt.outcome", string(outcome)),
-			attribute.String("error", clipError(err.Error(), maxAttemptError))))
+			attribute.String("error", s.e.keys.Text(clipError(err.Error(), maxAttemptError), s.key))))
 	}
 }
 
@@ -154,7 +182,7 @@ func (s *stepSpan) end(attempt int, err error) {
 			s.span.SetAttributes(telemetry.Attempt.Int(attempt))
 		}
 		if err != nil {
-			s.span.SetStatus(codes.Error, err.Error())
+			s.span.SetStatus(codes.Error, s.e.keys.Text(err.Error(), s.key))
 		}
 	}
 	s.span.End()
@@ -187,7 +215,7 @@ func (e *Engine) observeRuns() {
 		defer cancel()
 		counts, err := e.st.RunCountByState(ctx, e.db)
 		if err != nil {
-			return err
+			return fmt.Errorf("workflow: error counting runs by state: %w", e.tablesError(err))
 		}
 		for state, n := range counts {
 			o.ObserveInt64(gauge, n, metric.WithAttributes(telemetry.State.String(string(state)), schema))

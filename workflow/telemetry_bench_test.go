@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/telemetry"
 )
 
@@ -18,7 +19,7 @@ func BenchmarkStepTelemetry(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for range b.N {
-		sctx, span := e.startStep(ctx, "transfer", "tx", "reserve", 1, false)
+		sctx, span := e.startStep(ctx, redact.Key{Scope: "merchant:7", ID: "payout-1"}, "transfer", "tx", "reserve", 1, false)
 		span.attempt(sctx, time.Now(), "ok")
 		span.end(1, nil)
 	}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 )
@@ -174,7 +175,7 @@ type wakeWorker struct {
 func (w *wakeWorker) Timeout(*river.Job[WakeArgs]) time.Duration { return -1 }
 
 func (w *wakeWorker) Work(ctx context.Context, job *river.Job[WakeArgs]) error {
-	return w.e.wake(ctx, job.Args)
+	return w.e.recordable(w.e.wake(ctx, job.Args), redact.Key{Scope: job.Args.Scope, ID: job.Args.ID})
 }
 
 // wake continues a waiting run, or times it out when its deadline passed, or does nothing when
@@ -218,7 +219,7 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 		// long that takes; say so, since a workflow removed from every deployment leaves it
 		// waiting for good (RunCancel ends it).
 		e.log.WarnContext(ctx, "workflow: a waiting run is due but its workflow is not registered in this process; it waits for one that knows it",
-			"workflow", name, "scope", a.Scope, "id", a.ID)
+			"workflow", name, "scope", a.Scope, e.keys.Log(redact.Key{Scope: a.Scope, ID: a.ID}))
 		return river.JobSnooze(e.cfg.ScanInterval)
 	}
 	rs := e.newRun(def, a.Scope, a.ID, newToken())
@@ -233,19 +234,20 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 	rs.claimed(c)
 	input, trace := c.Input, c.Trace
 	// A wake-up is a resume: its span joins the trace that started the run.
-	ctx, span := e.startResumeSpan(ctx, trace, telemetry.Workflow.String(name), telemetry.Scope.String(a.Scope),
+	ctx, span := e.startResumeSpan(ctx, trace, telemetry.Workflow.String(name), telemetry.Scope.String(a.Scope), e.keys.Attr(rs.rkey()),
 		telemetry.Attempts.Int(rs.attempt), attribute.String("idem.wake", a.Reason))
 	e.countResume(ctx, name, "wake")
 	// The run is ours from here; an error leaves it to its lease and the recovery scan.
 	if rs.history, err = e.history(ctx, a.Scope, a.ID); err != nil {
-		endSpan(span, "stopped", err)
+		e.endSpan(span, "stopped", err, rs.rkey())
 		return err
 	}
 	res := e.execute(ctx, rs, input)
 	if res.err != nil && !quietEnd(res.err) {
-		e.log.WarnContext(ctx, "workflow: woken run stopped before its end", "workflow", name, "scope", a.Scope, "id", a.ID, "error", res.err)
+		e.log.WarnContext(ctx, "workflow: woken run stopped before its end", "workflow", name, "scope", a.Scope, e.keys.Log(rs.rkey()),
+			e.keys.Error(res.err, rs.rkey()))
 	}
-	endSpan(span, runOutcome(res.err, false), nil)
+	e.endSpan(span, runOutcome(res.err, false), nil, rs.rkey())
 	return nil
 }
 

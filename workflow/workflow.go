@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
 )
@@ -251,17 +252,21 @@ func (w *Workflow[In, Out]) Run(ctx context.Context, e *Engine, key idem.Key, in
 	if err != nil {
 		return zero, fmt.Errorf("workflow: error encoding input of type %T as JSON: %w", in, err)
 	}
+	if err := e.checkInput(w.name, input); err != nil {
+		return zero, err
+	}
 	fingerprint := key.Fingerprint
 	if fingerprint == nil {
 		fingerprint = idem.Fingerprint("idem.workflow.input", w.name, string(input))
 	}
+	rk := redact.Key{Scope: key.Scope, ID: key.ID}
 	ctx, span := e.tel.Tracer.Start(ctx, "idem.workflow.run", trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(telemetry.Workflow.String(w.name), telemetry.Scope.String(key.Scope)))
+		trace.WithAttributes(telemetry.Workflow.String(w.name), telemetry.Scope.String(key.Scope), e.keys.Attr(rk)))
 	result, replayed, err := e.runOrJoin(ctx, w, key, fingerprint, input, opts.Wait, opts.Timeout, opts.Attributes)
 	if span.IsRecording() {
 		span.SetAttributes(telemetry.Replayed.Bool(replayed))
 	}
-	endSpan(span, runOutcome(err, replayed), err)
+	e.endSpan(span, runOutcome(err, replayed), err, rk)
 	if opts.Replayed != nil {
 		*opts.Replayed = replayed
 	}

@@ -31,6 +31,7 @@ type Store struct {
 	MinBackoff, MaxBackoff        time.Duration
 	TracerProvider                trace.TracerProvider
 	MeterProvider                 metric.MeterProvider
+	RecordKeys                    bool
 }
 
 // Options checks s, fills in the defaults of InFlightRetryAfter, MinBackoff and MaxBackoff,
@@ -74,6 +75,9 @@ func (s *Store) Options(pkg, inFlight string) ([]idem.Option, []tx.Option, error
 	keyOpts = append(keyOpts, idem.RetryAfter(s.InFlightRetryAfter), idem.TracerProvider(s.TracerProvider), idem.MeterProvider(s.MeterProvider))
 	if s.Schema != "" {
 		keyOpts = append(keyOpts, idem.Schema(s.Schema))
+	}
+	if s.RecordKeys {
+		keyOpts = append(keyOpts, idem.RecordKeys())
 	}
 	if s.Isolation != "" {
 		txOpts = append(txOpts, tx.Isolation(s.Isolation))

@@ -88,7 +88,7 @@ var imports = []string{
 	"github.com/jackc/pgx/v5", "github.com/jackc/pgx/v5/pgxpool",
 	"github.com/riverqueue/river", "github.com/riverqueue/river/riverdriver/riverpgxv5",
 	"github.com/idemkit/idem", "github.com/idemkit/idem/idemhttp", "github.com/idemkit/idem/tx",
-	"github.com/idemkit/idem/workflow", "github.com/idemkit/idem/steps",
+	"github.com/idemkit/idem/workflow", "github.com/idemkit/idem/steps", "github.com/idemkit/idem/idemriver",
 	"github.com/idemkit/idem/workflow/workflowtest", "github.com/idemkit/idem/idemcli", "os", "testing",
 	// Modules of their own, reached through go.work.
 	"github.com/idemkit/idem/idemgrpc", "google.golang.org/grpc",
@@ -229,7 +229,7 @@ var anyExport = map[string]string{
 	"github.com/jackc/pgx/v5": "ReadCommitted", "github.com/jackc/pgx/v5/pgxpool": "New",
 	"github.com/riverqueue/river": "QueueDefault", "github.com/riverqueue/river/riverdriver/riverpgxv5": "New",
 	"github.com/idemkit/idem": "ErrInFlight", "github.com/idemkit/idem/idemhttp": "Tx",
-	"github.com/idemkit/idem/tx": "Run", "github.com/idemkit/idem/workflow": "ErrFailed",
+	"github.com/idemkit/idem/tx": "Run", "github.com/idemkit/idem/workflow": "ErrFailed", "github.com/idemkit/idem/idemriver": "Migrate",
 	"github.com/idemkit/idem/idemgrpc": "Tx", "google.golang.org/grpc": "NewServer",
 	"github.com/idemkit/idem/steps": "Permanent", "github.com/idemkit/idem/workflow/workflowtest": "New",
 	"github.com/idemkit/idem/idemcli": "Main", "os": "Exit", "testing": "Short",

@@ -10,40 +10,122 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// KeyAdminStatements are the root package's statements for reading and forgetting a key.
-// Arguments are listed as $n = name.
-type KeyAdminStatements struct {
-	// KeyGet reads a key and, when it belongs to a run, the run's state. A run's key expires
-	// 'infinity'; it is read as NULL so that it scans into a *time.Time. $1 scope, $2 id.
-	KeyGet string
-
-	// KeyLock takes the key's in-flight lock without waiting, as Do does. $1 lock id.
-	KeyLock string
-
-	// KeyDelete deletes a key of Do's. $1 scope, $2 id.
-	KeyDelete string
-
-	// KeyWorkflow reads the workflow a key belongs to, NULL for Do's. $1 scope, $2 id.
-	KeyWorkflow string
+// keyAdminStatements are the texts of the operator's statements on keys of idem.Do: reading,
+// listing and forgetting them.
+type keyAdminStatements struct {
+	get, lock, delete, list string
 }
 
-func keyAdminStatements(t Tables) KeyAdminStatements {
-	return KeyAdminStatements{
-		KeyGet: t.render(`SELECT k.fingerprint, octet_length(k.result), k.workflow, k.created_at,
-	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state
-FROM {keys} k LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id
+// keyInfoColumns are what KeyRecord holds beside the key, read by scanKeyRecord. A run's key
+// expires 'infinity'; it is read as NULL so that it scans into a *time.Time.
+const keyInfoColumns = `k.fingerprint, octet_length(k.result), k.workflow, k.created_at,
+	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state`
+
+const keyInfoFrom = `FROM {keys} k LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id`
+
+func newKeyAdminStatements(t Tables) keyAdminStatements {
+	return keyAdminStatements{
+		get: t.render(`SELECT ` + keyInfoColumns + `
+` + keyInfoFrom + `
 WHERE k.scope = $1 AND k.id = $2`),
-		KeyLock:     `SELECT pg_try_advisory_xact_lock($1)`,
-		KeyDelete:   t.render(`DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NULL`),
-		KeyWorkflow: t.render(`SELECT workflow FROM {keys} WHERE scope = $1 AND id = $2`),
+		lock:   `SELECT pg_try_advisory_xact_lock($1)`,
+		delete: t.render(`DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NULL`),
+
+		// Keyset paging on the primary key (scope, id), whose COLLATE "C" orders ids by their
+		// bytes: the prefix is the range [$3, $4), and the cursor a lower bound beside it; the
+		// index's scan starts at the greater of the two and stops at $4 or the limit.
+		list: t.render(`SELECT k.id, ` + keyInfoColumns + `
+` + keyInfoFrom + `
+WHERE k.scope = $1 AND k.id > $2 AND k.id >= $3 AND k.id < $4
+ORDER BY k.id LIMIT $5`),
 	}
+}
+
+// KeyRecord is a key as an operator reads it: what is stored under it, without the result.
+type KeyRecord struct {
+	Scope, ID   string
+	Fingerprint []byte
+	ResultSize  int     // bytes of Do's stored result; 0 for none
+	Workflow    *string // the run's workflow, nil for a key of idem.Do
+	Created     time.Time
+	Expires     *time.Time // nil for a run's key: its run decides
+	Live        bool       // not expired, by Postgres's clock
+	RunState    *RunState  // the state of the key's run, nil when it has none
+}
+
+func scanKeyRecord(dest []any, k *KeyRecord, size **int32) []any {
+	return append(dest, &k.Fingerprint, size, &k.Workflow, &k.Created, &k.Expires, &k.Live, &k.RunState)
+}
+
+// KeyGet reads a key of idem.Do's or of a run, without side effects. ok is false when there is
+// none.
+func (st *Statements) KeyGet(ctx context.Context, q Querier, scope, id string) (KeyRecord, bool, error) {
+	k := KeyRecord{Scope: scope, ID: id}
+	var size *int32
+	err := q.QueryRow(ctx, st.keyAdmin.get, scope, id).Scan(scanKeyRecord(nil, &k, &size)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return KeyRecord{}, false, nil
+	}
+	if size != nil {
+		k.ResultSize = int(*size)
+	}
+	return k, err == nil, err
+}
+
+// KeyTryLock takes a key's in-flight lock (lock, its LockID) for the rest of the caller's
+// transaction, without waiting, as idem.Do takes it; ok is false when another transaction holds
+// it.
+func (st *Statements) KeyTryLock(ctx context.Context, q Querier, lock int64) (ok bool, err error) {
+	err = q.QueryRow(ctx, st.keyAdmin.lock, lock).Scan(&ok)
+	return ok, err
+}
+
+// KeyDelete deletes a key of idem.Do's; a run's key is left alone. deleted is false when there
+// was no such key of Do's.
+func (st *Statements) KeyDelete(ctx context.Context, q Querier, scope, id string) (deleted bool, err error) {
+	tag, err := q.Exec(ctx, st.keyAdmin.delete, scope, id)
+	return tag.RowsAffected() > 0, err
+}
+
+// KeyListParams select a page of a scope's keys for KeyList: the ids that start with Prefix ("" for
+// all), after the id After ("" to start from the first), at most Limit of them.
+type KeyListParams struct {
+	Scope, Prefix, After string
+	Limit                int
+}
+
+// KeyList lists a scope's keys in the byte order of their ids, expired ones included.
+func (st *Statements) KeyList(ctx context.Context, q Querier, p KeyListParams) ([]KeyRecord, error) {
+	rows, err := q.Query(ctx, st.keyAdmin.list, p.Scope, p.After, p.Prefix, prefixEnd(p.Prefix), p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (KeyRecord, error) {
+		k := KeyRecord{Scope: p.Scope}
+		var size *int32
+		err := r.Scan(scanKeyRecord([]any{&k.ID}, &k, &size)...)
+		if size != nil {
+			k.ResultSize = int(*size)
+		}
+		return k, err
+	})
+}
+
+// prefixEnd is the least string above every id that starts with prefix, in byte order. Ids are
+// printable ASCII (0x21-0x7E), so the byte after the last of prefix is still one byte of valid
+// UTF-8, and "\x7f" is above every id.
+func prefixEnd(prefix string) string {
+	if prefix == "" {
+		return "\x7f"
+	}
+	return prefix[:len(prefix)-1] + string(rune(prefix[len(prefix)-1]+1))
 }
 
 // adminStatements are the texts of the operator's statements on runs: reading them without side
 // effects, and the admin operations (cancel, resume, fork), each meant for one transaction.
 type adminStatements struct {
 	keyWorkflow, runGet, runSteps, runLock, runCancel, runCutFailed, runReopen, forkSource, forkSteps,
-	stepCount, cancelHeard string
+	forkEvents, stepCount, cancelHeard string
 }
 
 // runColumns are what RunRecord holds, read by scanRunRecord.
@@ -107,6 +189,13 @@ FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
 SELECT $3, $4, seq, name, kind, output, error, attempts, created_at FROM {steps}
 WHERE scope = $1 AND id = $2 AND seq < $5`),
+
+		// An event step's output is the value it set; the last of each name before the fork
+		// point is what the run had published there.
+		forkEvents: t.render(`INSERT INTO {events} (scope, id, name, value)
+SELECT DISTINCT ON (name) $3, $4, name, output FROM {steps}
+WHERE scope = $1 AND id = $2 AND seq < $5 AND kind = 'event' AND error IS NULL
+ORDER BY name, seq DESC`),
 	}
 }
 
@@ -269,6 +358,14 @@ func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id st
 // RunForkSteps copies the steps before position from of one run to another.
 func (st *Statements) RunForkSteps(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
 	_, err := q.Exec(ctx, st.admin.forkSteps, scope, id, newScope, newID, from)
+	return err
+}
+
+// RunForkEvents gives a forked run the events that the steps before position from of the run it
+// copies set: for each name, the value of the last of them. Step outputs of event steps are
+// their values (see workflow.SetEventStep).
+func (st *Statements) RunForkEvents(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
+	_, err := q.Exec(ctx, st.admin.forkEvents, scope, id, newScope, newID, from)
 	return err
 }
 

@@ -4,54 +4,40 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"strings"
+	"time"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// KeyStatements are idem.Do's statements on idem_keys.
-type KeyStatements struct {
-	// Lookup reads a key and, unless it holds a live result, takes the transaction-scoped
-	// advisory lock that marks it in flight. Arguments: scope, id, lock id. One row whatever
-	// happens, thanks to the outer join against a one-row relation. pg_try_ never waits, so a
-	// duplicate is answered at once instead of parking a connection on a lock, and replays never
-	// contend with each other.
-	Lookup string
-
-	// Insert stores a result. Arguments: scope, id, fingerprint, result, TTL in µs. The TTL counts
-	// from this write, not from the transaction's start, so that a transaction longer than the
-	// TTL cannot store a key that is already expired. A plain INSERT on purpose: if a racing
-	// duplicate committed this key after our snapshot was taken, the primary key rejects the
-	// write and Postgres aborts the transaction, so neither our effects nor our result can commit
-	// beside the other's.
-	Insert string
-
-	// Replace stores a result under a key of Do's that had expired. Arguments as Insert. It
-	// replaces the row only if it is still expired when the UPDATE gets to it; if it is not (a
-	// racer renewed it), or it is gone (the reaper deleted it), it falls through to an INSERT,
-	// which either takes the free key or aborts on the racer's row.
-	Replace string
-
-	// RunKey is the rare path of a key that belongs to a run: it takes the key's lock and says
-	// whether the run has finished and expired, so that Do may use the key. Arguments: scope,
-	// id, lock id.
-	RunKey string
-
-	// ClearRun deletes a finished, expired run with its steps and key, so that Do can insert the
-	// key afresh. It deletes nothing if the run is not expired by the time it gets to it.
-	// Arguments: scope, id.
-	ClearRun string
+// keyStatements are the texts of idem.Do's statements on idem_keys; see the function of each.
+type keyStatements struct {
+	lookup, insert, replace, runKey, clearRun string
 }
 
-func keyStatements(t Tables) KeyStatements {
-	return KeyStatements{
-		Lookup: t.render(`SELECT k.fingerprint, k.result, k.workflow, k.expires_at > now(),
+func newKeyStatements(t Tables) keyStatements {
+	return keyStatements{
+		// One row whatever happens, thanks to the outer join against a one-row relation.
+		// pg_try_ never waits, so a duplicate is answered at once instead of parking a
+		// connection on a lock, and replays never contend with each other.
+		lookup: t.render(`SELECT k.fingerprint, k.result, k.workflow, k.expires_at > now(),
 	CASE WHEN k.expires_at > now() THEN true ELSE pg_try_advisory_xact_lock($3) END
 FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND k.id = $2`),
 
-		Insert: t.render(`INSERT INTO {keys} (scope, id, fingerprint, result, created_at, expires_at)
+		// The TTL counts from this write, not from the transaction's start, so that a
+		// transaction longer than the TTL cannot store a key that is already expired. A plain
+		// INSERT on purpose: if a racing duplicate committed this key after our snapshot was
+		// taken, the primary key rejects the write and Postgres aborts the transaction, so
+		// neither our effects nor our result can commit beside the other's.
+		insert: t.render(`INSERT INTO {keys} (scope, id, fingerprint, result, created_at, expires_at)
 VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5::int8 @us)`),
 
-		Replace: t.render(`WITH replaced AS (
+		// It replaces the row only if it is still expired when the UPDATE gets to it; if it is
+		// not (a racer renewed it), or it is gone (the reaper deleted it), it falls through to an
+		// INSERT, which either takes the free key or aborts on the racer's row.
+		replace: t.render(`WITH replaced AS (
 	UPDATE {keys} SET fingerprint = $3, result = $4, created_at = statement_timestamp(),
 		expires_at = statement_timestamp() + $5::int8 @us
 	WHERE scope = $1 AND id = $2 AND expires_at <= now() AND workflow IS NULL
@@ -61,10 +47,10 @@ INSERT INTO {keys} (scope, id, fingerprint, result, created_at, expires_at)
 SELECT $1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5::int8 @us
 WHERE NOT EXISTS (SELECT FROM replaced)`),
 
-		RunKey: t.render(`SELECT pg_try_advisory_xact_lock($3),
+		runKey: t.render(`SELECT pg_try_advisory_xact_lock($3),
 	coalesce((SELECT expires_at <= now() FROM {runs} WHERE scope = $1 AND id = $2), false)`),
 
-		ClearRun: t.render(`WITH run AS (
+		clearRun: t.render(`WITH run AS (
 	DELETE FROM {runs} WHERE scope = $1 AND id = $2 AND expires_at <= now() RETURNING 1
 ), steps AS (
 	DELETE FROM {steps} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM run)
@@ -79,7 +65,7 @@ DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NOT NULL AND EXI
 	}
 }
 
-// KeyRow is a key as Lookup reads it.
+// KeyRow is a key as KeyLookup reads it.
 type KeyRow struct {
 	Found       bool
 	Fingerprint []byte
@@ -89,24 +75,76 @@ type KeyRow struct {
 	Locked      bool    // this transaction holds the key's lock (or needed none: a live result)
 }
 
-// LookupKey runs Lookup on q.
-func LookupKey(ctx context.Context, q Querier, st *Statements, scope, id string, lock int64) (KeyRow, error) {
+// KeyLookup reads a key and, unless it holds a live result, takes the transaction-scoped
+// advisory lock that marks it in flight (lock, the key's LockID), without waiting: Locked is
+// false when another transaction holds it. Found is false when there is no such key.
+func (st *Statements) KeyLookup(ctx context.Context, q Querier, scope, id string, lock int64) (KeyRow, error) {
 	var (
 		row  KeyRow
 		live *bool
 	)
-	err := q.QueryRow(ctx, st.Keys.Lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.Workflow, &live, &row.Locked)
+	err := q.QueryRow(ctx, st.keys.lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.Workflow, &live, &row.Locked)
 	if err != nil {
 		return KeyRow{}, err
 	}
-	return finishKeyRow(row, live), nil
-}
-
-func finishKeyRow(row KeyRow, live *bool) KeyRow {
 	if live != nil {
 		row.Found, row.Live = true, *live
 	}
-	return row
+	return row, nil
+}
+
+// KeyStoreParams are a result of idem.Do's to store under its key, kept for TTL from the write.
+type KeyStoreParams struct {
+	Scope, ID   string
+	Fingerprint []byte
+	Result      []byte
+	TTL         time.Duration
+}
+
+func (p KeyStoreParams) args() []any {
+	return []any{p.Scope, p.ID, p.Fingerprint, p.Result, micros(p.TTL)}
+}
+
+// KeyInsert stores a result under a new key. When another transaction committed the key first,
+// it fails with a unique violation on idem_keys_pkey (IsKeyTaken), which aborts the
+// transaction: it may go with COMMIT.
+func (st *Statements) KeyInsert(p KeyStoreParams) Stmt {
+	return Stmt{SQL: st.keys.insert, Args: p.args()}
+}
+
+// KeyReplace stores a result under a key of Do's that had expired, as KeyInsert does a new one:
+// it rewrites the row if it is still expired, and inserts it if the reaper deleted it meanwhile.
+func (st *Statements) KeyReplace(p KeyStoreParams) Stmt {
+	return Stmt{SQL: st.keys.replace, Args: p.args()}
+}
+
+// IsKeyTaken reports whether err is KeyInsert's or KeyReplace's failure on a key that another
+// transaction committed first.
+func IsKeyTaken(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idem_keys_pkey"
+}
+
+// RunKeyRow is what KeyRunKey found of a key that belongs to a run.
+type RunKeyRow struct {
+	Locked   bool // this transaction took the key's in-flight lock
+	Reusable bool // the run has finished and expired
+}
+
+// KeyRunKey takes a run's key's in-flight lock (lock, its LockID) without waiting, and says
+// whether the run has finished and expired, so that idem.Do may take the key over.
+func (st *Statements) KeyRunKey(ctx context.Context, q Querier, scope, id string, lock int64) (RunKeyRow, error) {
+	var r RunKeyRow
+	err := q.QueryRow(ctx, st.keys.runKey, scope, id, lock).Scan(&r.Locked, &r.Reusable)
+	return r, err
+}
+
+// KeyClearRun deletes a finished, expired run with its steps, attempts, signals, events and key,
+// so that idem.Do can insert the key afresh. It deletes nothing if the run is not expired by the
+// time it gets to it.
+func (st *Statements) KeyClearRun(ctx context.Context, q Querier, scope, id string) error {
+	_, err := q.Exec(ctx, st.keys.clearRun, scope, id)
+	return err
 }
 
 // LockID maps a key to the 64-bit advisory lock that marks it in flight: the first 8 bytes of a

@@ -5,15 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/internal/store"
 )
 
-// The texts in Keys, KeyAdmin and Reap are sent by the root package; these tests send them as it
-// does, with the arguments their doc comments list.
+// The root package's statements (keys.go, the keys' part of admin.go, reap.go), sent as it sends
+// them.
 
 // holdsAdvisoryLock reports whether q's session holds an advisory lock.
 func (b *testBundle) holdsAdvisoryLock(t *testing.T, q store.Querier) bool {
@@ -36,13 +35,13 @@ func TestLookupKey(t *testing.T) {
 		b := setup(t)
 		lock := store.LockID("", "s", "k")
 		tx := b.begin(t)
-		row, err := store.LookupKey(b.ctx, tx, b.st, "s", "k", lock)
+		row, err := b.st.KeyLookup(b.ctx, tx, "s", "k", lock)
 		require.NoError(t, err)
 		require.Equal(t, store.KeyRow{Locked: true}, row)
 		require.True(t, b.holdsAdvisoryLock(t, tx), "the key is in flight")
 
 		// A duplicate finds it so, without waiting.
-		row, err = store.LookupKey(b.ctx, b.lockedElsewhere(t), b.st, "s", "k", lock)
+		row, err = b.st.KeyLookup(b.ctx, b.lockedElsewhere(t), "s", "k", lock)
 		require.NoError(t, err)
 		require.False(t, row.Found)
 		require.False(t, row.Locked)
@@ -58,7 +57,7 @@ func TestLookupKey(t *testing.T) {
 		_, err := other.Exec(b.ctx, `SELECT pg_advisory_xact_lock($1)`, lock)
 		require.NoError(t, err)
 		tx := b.begin(t)
-		row, err := store.LookupKey(b.ctx, tx, b.st, "s", "k", lock)
+		row, err := b.st.KeyLookup(b.ctx, tx, "s", "k", lock)
 		require.NoError(t, err)
 		require.Equal(t, store.KeyRow{Found: true, Fingerprint: []byte{1}, Result: []byte(`{"ok":true}`), Live: true, Locked: true}, row)
 		require.False(t, b.holdsAdvisoryLock(t, tx))
@@ -69,7 +68,7 @@ func TestLookupKey(t *testing.T) {
 		b := setup(t)
 		b.insertDoKey(t, "s", "k", -time.Second)
 		tx := b.begin(t)
-		row, err := store.LookupKey(b.ctx, tx, b.st, "s", "k", store.LockID("", "s", "k"))
+		row, err := b.st.KeyLookup(b.ctx, tx, "s", "k", store.LockID("", "s", "k"))
 		require.NoError(t, err)
 		require.True(t, row.Found)
 		require.False(t, row.Live)
@@ -81,7 +80,7 @@ func TestLookupKey(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.insertRun(t, run{scope: "s", id: "k", workflow: "orders"})
-		row, err := store.LookupKey(b.ctx, b.pool, b.st, "s", "k", store.LockID("", "s", "k"))
+		row, err := b.st.KeyLookup(b.ctx, b.pool, "s", "k", store.LockID("", "s", "k"))
 		require.NoError(t, err)
 		require.True(t, row.Found)
 		require.Equal(t, "orders", *row.Workflow)
@@ -95,7 +94,7 @@ func TestKeysInsert(t *testing.T) {
 	tx := b.begin(t)
 	var txStart time.Time
 	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txStart))
-	_, err := tx.Exec(b.ctx, b.st.Keys.Insert, "s", "k", []byte{1}, []byte(`"r"`), time.Hour.Microseconds())
+	_, err := b.st.KeyInsert(store.KeyStoreParams{Scope: "s", ID: "k", Fingerprint: []byte{1}, Result: []byte(`"r"`), TTL: time.Hour}).Exec(b.ctx, tx)
 	require.NoError(t, err)
 	var (
 		created time.Time
@@ -110,8 +109,9 @@ FROM idem_keys WHERE scope = 's' AND id = 'k'`).Scan(&created, &ttl, &result))
 	require.NoError(t, tx.Commit(b.ctx))
 
 	// A racer that committed the key first wins; this write aborts.
-	_, err = b.pool.Exec(b.ctx, b.st.Keys.Insert, "s", "k", []byte{2}, []byte(`"other"`), time.Hour.Microseconds())
+	_, err = b.st.KeyInsert(store.KeyStoreParams{Scope: "s", ID: "k", Fingerprint: []byte{2}, Result: []byte(`"other"`), TTL: time.Hour}).Exec(b.ctx, b.pool)
 	require.True(t, isUniqueViolation(err), "%v", err)
+	require.True(t, store.IsKeyTaken(err))
 }
 
 func TestKeysReplace(t *testing.T) {
@@ -121,7 +121,7 @@ func TestKeysReplace(t *testing.T) {
 	b.insertDoKey(t, "s", "renewed", time.Hour)
 	b.insertRun(t, run{scope: "s", id: "run"})
 	replace := func(id string) error {
-		_, err := b.pool.Exec(b.ctx, b.st.Keys.Replace, "s", id, []byte{2}, []byte(`"new"`), time.Minute.Microseconds())
+		_, err := b.st.KeyReplace(store.KeyStoreParams{Scope: "s", ID: id, Fingerprint: []byte{2}, Result: []byte(`"new"`), TTL: time.Minute}).Exec(b.ctx, b.pool)
 		return err
 	}
 	result := func(id string) (res []byte, live bool) {
@@ -154,8 +154,9 @@ func TestKeysRunKey(t *testing.T) {
 	b.insertRun(t, run{scope: "s", id: "running", token: newToken(), lease: -time.Second})
 	runKey := func(q store.Querier, id string) (locked, reusable bool) {
 		t.Helper()
-		require.NoError(t, q.QueryRow(b.ctx, b.st.Keys.RunKey, "s", id, store.LockID("", "s", id)).Scan(&locked, &reusable))
-		return locked, reusable
+		r, err := b.st.KeyRunKey(b.ctx, q, "s", id, store.LockID("", "s", id))
+		require.NoError(t, err)
+		return r.Locked, r.Reusable
 	}
 
 	tx := b.begin(t)
@@ -178,8 +179,7 @@ func TestKeysClearRun(t *testing.T) {
 	b.insertRun(t, run{scope: "s", id: "live", state: store.RunDone})
 	for _, id := range []string{"expired", "live"} {
 		b.insertHistory(t, "s", id)
-		_, err := b.pool.Exec(b.ctx, b.st.Keys.ClearRun, "s", id)
-		require.NoError(t, err)
+		require.NoError(t, b.st.KeyClearRun(b.ctx, b.pool, "s", id))
 	}
 	require.Equal(t, map[string]int{"idem_keys": 0, "idem_runs": 0, "idem_steps": 0, "idem_step_attempts": 0, "idem_signals": 0,
 		"idem_events": 0}, b.history(t, "s", "expired"))
@@ -195,42 +195,41 @@ func TestKeyAdmin(t *testing.T) {
 		b := setup(t)
 		b.insertDoKey(t, "s", "do", time.Hour)
 		b.insertRun(t, run{scope: "s", id: "run", workflow: "orders", state: store.RunSleeping})
-		var (
-			print           []byte
-			size            *int32
-			workflow, state *string
-			created         time.Time
-			expires         *time.Time
-			live            bool
-			getKey          = func(id string) error {
-				return b.pool.QueryRow(b.ctx, b.st.KeyAdmin.KeyGet, "s", id).Scan(&print, &size, &workflow, &created, &expires, &live, &state)
-			}
-		)
-		require.NoError(t, getKey("do"))
-		require.Equal(t, []byte{1}, print)
-		require.Equal(t, int32(len(`{"ok":true}`)), *size)
-		require.Nil(t, workflow)
-		require.WithinDuration(t, created.Add(time.Hour), *expires, time.Second)
-		require.True(t, live)
-		require.Nil(t, state)
+		getKey := func(id string) (store.KeyRecord, bool) {
+			t.Helper()
+			k, ok, err := b.st.KeyGet(b.ctx, b.pool, "s", id)
+			require.NoError(t, err)
+			return k, ok
+		}
+		k, ok := getKey("do")
+		require.True(t, ok)
+		require.Equal(t, []byte{1}, k.Fingerprint)
+		require.Equal(t, len(`{"ok":true}`), k.ResultSize)
+		require.Nil(t, k.Workflow)
+		require.WithinDuration(t, k.Created.Add(time.Hour), *k.Expires, time.Second)
+		require.True(t, k.Live)
+		require.Nil(t, k.RunState)
 
-		require.NoError(t, getKey("run"))
-		require.Nil(t, size)
-		require.Equal(t, "orders", *workflow)
-		require.Nil(t, expires, "a run's key expires with its run")
-		require.Equal(t, "sleeping", *state)
+		k, ok = getKey("run")
+		require.True(t, ok)
+		require.Zero(t, k.ResultSize)
+		require.Equal(t, "orders", *k.Workflow)
+		require.Nil(t, k.Expires, "a run's key expires with its run")
+		require.Equal(t, store.RunSleeping, *k.RunState)
 
-		require.True(t, errors.Is(getKey("missing"), pgx.ErrNoRows))
+		_, ok = getKey("missing")
+		require.False(t, ok)
 	})
 
 	t.Run("KeyLock", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		lock := store.LockID("", "s", "k")
-		var locked bool
-		require.NoError(t, b.begin(t).QueryRow(b.ctx, b.st.KeyAdmin.KeyLock, lock).Scan(&locked))
+		locked, err := b.st.KeyTryLock(b.ctx, b.begin(t), lock)
+		require.NoError(t, err)
 		require.True(t, locked)
-		require.NoError(t, b.lockedElsewhere(t).QueryRow(b.ctx, b.st.KeyAdmin.KeyLock, lock).Scan(&locked))
+		locked, err = b.st.KeyTryLock(b.ctx, b.lockedElsewhere(t), lock)
+		require.NoError(t, err)
 		require.False(t, locked)
 	})
 
@@ -239,17 +238,20 @@ func TestKeyAdmin(t *testing.T) {
 		b := setup(t)
 		b.insertDoKey(t, "s", "do", time.Hour)
 		b.insertRun(t, run{scope: "s", id: "run"})
-		for id, want := range map[string]int64{"do": 1, "run": 0, "missing": 0} {
-			tag, err := b.pool.Exec(b.ctx, b.st.KeyAdmin.KeyDelete, "s", id)
+		for id, want := range map[string]bool{"do": true, "run": false, "missing": false} {
+			deleted, err := b.st.KeyDelete(b.ctx, b.pool, "s", id)
 			require.NoError(t, err)
-			require.Equal(t, want, tag.RowsAffected(), id)
+			require.Equal(t, want, deleted, id)
 		}
 		require.Equal(t, 1, b.count(t, "idem_keys", "s", "run"), "a run's key is not Do's to delete")
 
-		var workflow *string
-		require.NoError(t, b.pool.QueryRow(b.ctx, b.st.KeyAdmin.KeyWorkflow, "s", "run").Scan(&workflow))
+		workflow, found, err := b.st.KeyWorkflow(b.ctx, b.pool, "s", "run")
+		require.NoError(t, err)
+		require.True(t, found)
 		require.Equal(t, "wf", *workflow)
-		require.True(t, errors.Is(b.pool.QueryRow(b.ctx, b.st.KeyAdmin.KeyWorkflow, "s", "do").Scan(&workflow), pgx.ErrNoRows))
+		_, found, err = b.st.KeyWorkflow(b.ctx, b.pool, "s", "do")
+		require.NoError(t, err)
+		require.False(t, found, "deleted")
 	})
 }
 
@@ -271,17 +273,17 @@ func TestReap(t *testing.T) {
 		require.NoError(t, err)
 
 		reaper := b.lockedElsewhere(t)
-		tag, err := reaper.Exec(b.ctx, b.st.Reap.Keys, 2)
+		n, err := b.st.ReapKeys(b.ctx, reaper, 2)
 		require.NoError(t, err)
-		require.EqualValues(t, 2, tag.RowsAffected())
+		require.EqualValues(t, 2, n)
 		require.NoError(t, reaper.Commit(b.ctx))
 		for id, want := range map[string]int{"oldest": 0, "older": 0, "locked": 1, "expired": 1, "live": 1, "run": 1} {
 			require.Equal(t, want, b.count(t, "idem_keys", "s", id), id)
 		}
 
-		tag, err = b.pool.Exec(b.ctx, b.st.Reap.Keys, 10)
+		n, err = b.st.ReapKeys(b.ctx, b.pool, 10)
 		require.NoError(t, err)
-		require.EqualValues(t, 1, tag.RowsAffected(), "a run's key expires never; its run's reaper takes it")
+		require.EqualValues(t, 1, n, "a run's key expires never; its run's reaper takes it")
 		require.Equal(t, 1, b.count(t, "idem_keys", "s", "run"))
 	})
 
@@ -306,7 +308,9 @@ func TestReap(t *testing.T) {
 		reap := func(limit int) (n int) {
 			t.Helper()
 			tx := b.lockedElsewhere(t)
-			require.NoError(t, tx.QueryRow(b.ctx, b.st.Reap.Runs, limit).Scan(&n))
+			reaped, err := b.st.ReapRuns(b.ctx, tx, limit)
+			require.NoError(t, err)
+			n = int(reaped)
 			require.NoError(t, tx.Commit(b.ctx))
 			return n
 		}

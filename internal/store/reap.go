@@ -1,24 +1,20 @@
 package store
 
-// ReapStatements delete what has expired, in short batches.
-type ReapStatements struct {
-	// Keys deletes up to $1 of Do's expired keys, oldest expiry first. A run's key never
-	// matches: its expiry is 'infinity'. SKIP LOCKED lets concurrent reapers share the work
-	// without waiting for each other, and passes over a key that a Do is replacing right now.
-	Keys string
+import "context"
 
-	// Runs deletes up to $1 finished, expired runs with their steps, attempts, keys, signals and events. A running run has
-	// no expiry and is never deleted. Returns the number of runs deleted.
-	Runs string
+// reapStatements are the texts of the statements that delete what has expired, in short
+// batches.
+type reapStatements struct {
+	keys, runs string
 }
 
-func reapStatements(t Tables) ReapStatements {
-	return ReapStatements{
-		Keys: t.render(`DELETE FROM {keys} k USING (
+func newReapStatements(t Tables) reapStatements {
+	return reapStatements{
+		keys: t.render(`DELETE FROM {keys} k USING (
 	SELECT scope, id FROM {keys} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ) doomed WHERE k.scope = doomed.scope AND k.id = doomed.id`),
 
-		Runs: t.render(`WITH doomed AS (
+		runs: t.render(`WITH doomed AS (
 	SELECT scope, id FROM {runs} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ), runs AS (
 	DELETE FROM {runs} r USING doomed d WHERE r.scope = d.scope AND r.id = d.id RETURNING r.scope, r.id
@@ -35,4 +31,21 @@ func reapStatements(t Tables) ReapStatements {
 )
 SELECT count(*) FROM runs`),
 	}
+}
+
+// ReapKeys deletes up to limit of idem.Do's expired keys, oldest expiry first, and returns how
+// many it deleted. A run's key never matches: its expiry is 'infinity'. SKIP LOCKED lets
+// concurrent reapers share the work without waiting for each other, and passes over a key that
+// a Do is replacing right now.
+func (st *Statements) ReapKeys(ctx context.Context, q Querier, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, st.reap.keys, limit)
+	return tag.RowsAffected(), err
+}
+
+// ReapRuns deletes up to limit finished, expired runs with their steps, attempts, keys, signals
+// and events, and returns how many runs it deleted. A running or waiting run has no expiry and is
+// never deleted.
+func (st *Statements) ReapRuns(ctx context.Context, q Querier, limit int) (n int64, err error) {
+	err = q.QueryRow(ctx, st.reap.runs, limit).Scan(&n)
+	return n, err
 }

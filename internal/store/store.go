@@ -71,16 +71,16 @@ func (t Tables) render(sql string) string {
 	).Replace(sql)
 }
 
-// Statements are every statement idem sends, for one schema. The root package reads the texts of
-// Keys, KeyAdmin and Reap; package workflow calls the typed functions in runs.go, steps.go, waits.go and
-// admin.go.
+// Statements are every statement idem sends, for one schema, as typed functions: the root
+// package calls those in keys.go, admin.go (keys) and reap.go; package workflow those in runs.go,
+// steps.go, waits.go and admin.go (runs).
 type Statements struct {
-	Tables   Tables
-	Keys     KeyStatements
-	KeyAdmin KeyAdminStatements
-	Reap     ReapStatements
+	Tables Tables
 
 	schema      string
+	keys        keyStatements
+	keyAdmin    keyAdminStatements
+	reap        reapStatements
 	runs        runStatements
 	steps       stepStatements
 	admin       adminStatements
@@ -109,7 +109,7 @@ func statementsFor(k cacheKey) *Statements {
 	if k.virtual {
 		t.clock = virtualClock(schema)
 	}
-	s := &Statements{Tables: t, Keys: keyStatements(t), KeyAdmin: keyAdminStatements(t), Reap: reapStatements(t), schema: schema, runs: newRunStatements(t),
+	s := &Statements{Tables: t, schema: schema, keys: newKeyStatements(t), keyAdmin: newKeyAdminStatements(t), reap: newReapStatements(t), runs: newRunStatements(t),
 		steps: newStepStatements(t), admin: newAdminStatements(t), waits: newWaitStatements(t),
 		children: newChildStatements(t), concurrency: newConcurrencyStatements(t), sched: newScheduleStatements(t)}
 	actual, _ := cache.LoadOrStore(k, s)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,14 +57,17 @@ WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 		(extract(epoch FROM updated_at) * 1000000)::int8 AS suspended
 	FROM {runs} WHERE scope = $1 AND id = $2
 	FOR KEY SHARE
+), pending AS (
+	SELECT count(*) AS n FROM {signals} WHERE scope = $1 AND id = $2 AND consumed_at IS NULL
 ), sig AS (
 	INSERT INTO {signals} (scope, id, name, payload, dedupe_id)
-	SELECT $1, $2, $3, $4, $5 FROM run WHERE run.state NOT IN ('done', 'failed', 'cancelled', 'timed_out')
+	SELECT $1, $2, $3, $4, $5 FROM run, pending WHERE run.state NOT IN ('done', 'failed', 'cancelled', 'timed_out') AND pending.n < $6
 	ON CONFLICT (scope, id, dedupe_id) WHERE dedupe_id IS NOT NULL DO NOTHING
 	RETURNING seq
 )
 SELECT run.state, run.state = 'awaiting' AND run.wait_name IS NOT DISTINCT FROM $3, coalesce(run.wait_seq, 0), run.created,
-	(SELECT seq FROM sig), run.suspended
+	(SELECT seq FROM sig), run.suspended, (SELECT n FROM pending)::int4,
+	$5::text IS NOT NULL AND EXISTS (SELECT FROM {signals} WHERE scope = $1 AND id = $2 AND dedupe_id = $5)
 FROM run`),
 
 		overdue: t.render(`SELECT scope, id, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0)
@@ -178,11 +182,13 @@ func (st *Statements) RunTimeOut(ctx context.Context, q Querier, scope, id strin
 	return tag.RowsAffected() == 1, err
 }
 
-// SignalParams are a signal sent to a run; DedupeID "" for none.
+// SignalParams are a signal sent to a run; DedupeID "" for none. It is recorded only while the
+// run has fewer than MaxPending signals pending (0: no bound).
 type SignalParams struct {
 	Scope, ID, Name string
 	Payload         []byte
 	DedupeID        string
+	MaxPending      int
 }
 
 // SignalRow is what SignalSend found and did.
@@ -193,15 +199,22 @@ type SignalRow struct {
 	Created   int64  // µs
 	Seq       *int64 // the signal's position; nil for a duplicate, or a refused signal
 	Suspended int64  // µs: while the run waits, when its wait began
+	Pending   int    // the run's signals pending before this one
+	Duplicate bool   // a signal with the same dedupe id was recorded before
 }
 
-// SignalSend records a signal in the caller's transaction, unless the run is finished or the
-// dedupe id was seen before, locking the run FOR KEY SHARE (see WaitLock). ok is false when the
-// run is unknown.
+// SignalSend records a signal in the caller's transaction, unless the run is finished, the
+// dedupe id was seen before or the run has MaxPending signals pending, locking the run FOR KEY
+// SHARE (see WaitLock); concurrent senders are not ordered by that lock, so each of them may find
+// room for one more. ok is false when the run is unknown.
 func (st *Statements) SignalSend(ctx context.Context, q Querier, p SignalParams) (SignalRow, bool, error) {
 	var s SignalRow
-	err := q.QueryRow(ctx, st.waits.signal, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID)).Scan(&s.State, &s.Awaits,
-		&s.WaitSeq, &s.Created, &s.Seq, &s.Suspended)
+	most := p.MaxPending
+	if most <= 0 {
+		most = math.MaxInt32
+	}
+	err := q.QueryRow(ctx, st.waits.signal, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID), most).Scan(&s.State, &s.Awaits,
+		&s.WaitSeq, &s.Created, &s.Seq, &s.Suspended, &s.Pending, &s.Duplicate)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SignalRow{}, false, nil
 	}

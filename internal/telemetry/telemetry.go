@@ -3,7 +3,8 @@
 // the no-op instruments when no SDK is installed. Providers default to the global ones.
 //
 // Names follow OpenTelemetry's conventions: spans and metrics under "idem.", attributes under
-// "idem." too. Keys are never recorded (a client's key may be a secret it reuses); scopes are.
+// "idem." too. Key IDs are never recorded (a client's key may be a secret it reuses): package
+// internal/redact says what stands for them; scopes are recorded.
 package telemetry
 
 import (
