@@ -8,7 +8,9 @@
 //  1. the server named by the TEST_DATABASE_URL environment variable (a postgres:// URL whose
 //     user may create databases), as on a CI box with a Postgres service;
 //  2. a postgres:16-alpine container through testcontainers-go, when a Docker engine answers
-//     within about 1.5 seconds;
+//     within about 1.5 seconds, if the test binary links in github.com/idemkit/idem/idemtest/pgdocker
+//     (a module of its own: import it for its effect in a test file, see its doc). Without it,
+//     a module that imports idemtest has none of Docker's client modules in its go.mod;
 //  3. the local Postgres binaries (initdb and postgres on PATH, in `pg_config --bindir`, or in
 //     the newest /usr/lib/postgresql/*/bin), started in a temporary directory on a free port.
 //

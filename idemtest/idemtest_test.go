@@ -3,6 +3,8 @@ package idemtest_test
 import (
 	"context"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,4 +69,20 @@ func TestNewPool(t *testing.T) {
 		require.NoError(t, other.QueryRow(t.Context(), `SELECT current_database()`).Scan(&current))
 		require.NotEqual(t, name, current, "every test gets a database of its own")
 	})
+}
+
+// TestNoDockerModules: a module that imports idemtest builds none of Docker's client modules, so
+// go mod tidy writes none of them into its go.mod (they come with
+// github.com/idemkit/idem/idemtest/pgdocker, for those who import it).
+func TestNoDockerModules(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	modules := strings.Fields(string(out))
+	require.Contains(t, modules, "github.com/jackc/pgx/v5", "the listing works")
+	for _, m := range modules {
+		for _, docker := range []string{"testcontainers", "moby", "docker"} {
+			require.NotContains(t, m, docker, "idemtest builds %s", m)
+		}
+	}
 }

@@ -115,7 +115,7 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 	if err := key.Validate(); err != nil {
 		return err
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 				"scope", key.Scope, e.keys.Log(rkey(key)))
 			return nil
 		}
-		if err := e.insertResume(ctx, client, t, key, generation, resumeByOperator); err != nil {
+		if err := e.insertResume(ctx, jobs, t, key, generation, resumeByOperator); err != nil {
 			return err
 		}
 		e.log.InfoContext(ctx, "workflow: run resumed by an operator", "workflow", run.Workflow, "scope", key.Scope, e.keys.Log(rkey(key)), "from", string(run.State))
@@ -166,7 +166,9 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 //
 // The new run is a run of its own: its steps get new derived keys (see [StepKey]), a run with a
 // deadline (RunOpts.Timeout) gets the same timeout counted from the fork, the run's attributes
-// are copied (the steps that run again may set theirs again), and calling
+// are copied (the steps that run again may set theirs again), it keeps the original's code
+// version (RunRow.Version: it replays the original's history, so engines with
+// Config.ResumeVersions treat it as they treat the original), and calling
 // Workflow.Run or Workflow.Get with newKey and the same input joins it. newKey must be unused:
 // a key that exists (of a run or of idem.Do) is refused with idem.ErrMismatch. fromStep must be
 // between 1 and one more than the run's number of steps. The original run is read as it is,
@@ -185,7 +187,7 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 	if fromStep < 1 {
 		return fmt.Errorf("workflow: fromStep cannot be less than 1 (got %d)", fromStep)
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -208,9 +210,10 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		}
 		// The resume job (or the admission of a queued run) starts the fork once this
 		// transaction, which copies its history too, commits.
-		ok, err = e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
+		ok, err = e.enqueue(ctx, jobs, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,
 			Workflow: src.Workflow, Input: src.Input, Trace: src.Trace, Timeout: src.Timeout, Concurrency: src.Concurrency,
-			Attributes: src.Attributes}, resumeForked)
+			Attributes: src.Attributes,
+			Version:    src.Version}, resumeForked)
 		switch {
 		case err != nil:
 			return fmt.Errorf("workflow: error creating the forked run: %w", err)

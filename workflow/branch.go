@@ -97,7 +97,7 @@ func (rs *runState) drain() { rs.branches.inflight.Wait() }
 //	})
 func GoStep(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, info *StepInfo) ([]byte, error)) *Branch {
 	return goStep(ctx, kind, name, opts, false, func(ctx context.Context, s *StepInfo) ([]byte, error) {
-		out, err := body(ctx, s)
+		out, err := s.rs.e.callBody(name, body)(ctx, s)
 		if err != nil {
 			return nil, err
 		}

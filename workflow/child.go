@@ -103,7 +103,7 @@ func (w *Workflow[In, Out]) StartChild(ctx context.Context, step string, in In, 
 		if key.ID == "" {
 			key.ID = info.Key
 		}
-		client, err := e.riverClient(ctx)
+		jobs, err := e.jobs(ctx)
 		if err != nil {
 			return nil, StopRun(ctx, err)
 		}
@@ -112,9 +112,10 @@ func (w *Workflow[In, Out]) StartChild(ctx context.Context, step string, in In, 
 		if err != nil {
 			return nil, &permanent{err}
 		}
-		started, err := e.enqueue(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint,
+		started, err := e.enqueue(ctx, jobs, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint,
 			Workflow: w.name, Input: input, Trace: traceparent(ctx), Timeout: opts.Timeout,
-			Parent: &store.ParentRef{Scope: rs.scope, ID: rs.id, Seq: info.Seq, Close: closeRule}, Concurrency: conc}, resumeChild)
+			Parent: &store.ParentRef{Scope: rs.scope, ID: rs.id, Seq: info.Seq, Close: closeRule}, Concurrency: conc,
+			Version: e.cfg.Version}, resumeChild)
 		if err != nil {
 			return nil, fmt.Errorf("error starting child: %w", err)
 		}
@@ -275,12 +276,12 @@ func (e *Engine) wakeParent(ctx context.Context, t pgx.Tx, scope, id string) err
 	if err != nil || !ok || !p.Awaits {
 		return err
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
 	args := WakeArgs{Scope: p.Scope, ID: p.ID, Generation: p.Created, Seq: p.WaitSeq, Reason: "child", Suspended: p.Suspended}
-	if _, err := client.InsertTx(ctx, t, args, e.signalWakeOpts()); err != nil {
+	if err := jobs.insertTx(ctx, t, args, e.signalWakeOpts()); err != nil {
 		return fmt.Errorf("error inserting the job that wakes the parent run: %w", err)
 	}
 	return nil

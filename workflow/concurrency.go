@@ -35,7 +35,7 @@ func (e *Engine) admit(ctx context.Context, t pgx.Tx, workflow string, c store.C
 	if err != nil || len(admitted) == 0 {
 		return err
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -44,7 +44,7 @@ func (e *Engine) admit(ctx context.Context, t pgx.Tx, workflow string, c store.C
 		params = append(params, river.InsertManyParams{Args: ResumeArgs{Scope: a.Scope, ID: a.ID, LeaseExpiry: a.Generation, Reason: resumeAdmitted},
 			InsertOpts: e.resumeOpts()})
 	}
-	if _, err := client.InsertManyTx(ctx, t, params); err != nil {
+	if err := jobs.insertManyTx(ctx, t, params); err != nil {
 		return fmt.Errorf("error inserting the jobs that start queued runs: %w", err)
 	}
 	return nil
@@ -67,7 +67,7 @@ func (e *Engine) admitEnded(ctx context.Context, t pgx.Tx, key idem.Key, wasQueu
 // enqueue creates a run without an owner, in t (StartTx, a child, a fork): running, with the
 // resume job that takes it, or, for a limited workflow, queued and admitted at once when its key
 // has a free slot. ok is false when the key is taken.
-func (e *Engine) enqueue(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, p store.RunEnqueueParams, reason string) (bool, error) {
+func (e *Engine) enqueue(ctx context.Context, jobs jobInserter, t pgx.Tx, p store.RunEnqueueParams, reason string) (bool, error) {
 	p.Queued = p.Concurrency != nil
 	generation, ok, err := e.st.RunEnqueue(ctx, t, p)
 	if err != nil || !ok {
@@ -76,7 +76,7 @@ func (e *Engine) enqueue(ctx context.Context, client *river.Client[pgx.Tx], t pg
 	if p.Concurrency != nil {
 		return true, e.admit(ctx, t, p.Workflow, *p.Concurrency, "", "")
 	}
-	return true, e.insertResume(ctx, client, t, idem.Key{Scope: p.Scope, ID: p.ID}, generation, reason)
+	return true, e.insertResume(ctx, jobs, t, idem.Key{Scope: p.Scope, ID: p.ID}, generation, reason)
 }
 
 // readmit decides, for a run RunResume just made running again (ownerless), whether its

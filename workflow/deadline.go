@@ -46,11 +46,14 @@ func timedOutFromStored(name string, key idem.Key, result []byte) error {
 }
 
 // startClock sets the clocks of a run this process starts: created is Postgres's time of its
-// start in µs (0 when its row is not written yet).
+// start in µs (0 when its row is not written yet). The deadline counts from when the start was
+// sent (rs.started), which is no later than Postgres's created_at, so that this process's
+// deadline never falls after the stored one: a step boundary after the stored deadline is
+// always past this one too.
 func (rs *runState) startClock(created int64) {
 	rs.dbNow = created
 	if rs.timeout > 0 {
-		rs.deadline = time.Now().Add(rs.timeout)
+		rs.deadline = rs.started.Add(rs.timeout)
 	}
 }
 
@@ -61,12 +64,12 @@ func (rs *runState) setClock(now int64, deadline *int64) {
 	rs.dbNow = now
 	rs.deadline = time.Time{}
 	if deadline != nil {
-		rs.deadline = time.Now().Add(time.Duration(*deadline-now) * time.Microsecond)
+		rs.deadline = rs.e.now().Add(time.Duration(*deadline-now) * time.Microsecond)
 	}
 }
 
 func (rs *runState) deadlinePassed() bool {
-	return !rs.deadline.IsZero() && !time.Now().Before(rs.deadline)
+	return !rs.deadline.IsZero() && !rs.e.now().Before(rs.deadline)
 }
 
 // timeOut stores the run as timed out, with what its open transaction holds and the pending

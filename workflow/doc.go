@@ -59,7 +59,20 @@
 //
 // A resumed run calls the workflow function from the top; each step finds its row and returns
 // the stored output without running. A step that does not match the history at its position
-// (the code changed under a run in progress) stops the run with a *NonDeterminismError.
+// (the code changed under a run in progress) fails the run at once, as nondeterministic, saying
+// where (see [NonDeterminismError]): no retry could make the code match.
+//
+// # Changing code under running runs
+//
+// Put a change to the steps of a workflow that has runs in progress behind [Patched]: a run that
+// reaches the patch's point records a marker in its history and takes the new branch, and every
+// later replay of it takes the same; a run that had passed the point before the patch takes the
+// old one. [Deprecated] marks the point once no run that took the old branch is left, and goes
+// when no run with the marker is. Every run records the code version that started it
+// (Config.Version, RunRow.Version), which RunList filters on, and Config.ResumeVersions can leave
+// the runs of other versions to engines of their own. Package workflowtest replays stored runs
+// against new code before it is deployed, and tests workflows on this engine with a virtual
+// clock.
 //
 // # A run's states
 //

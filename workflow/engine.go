@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/telemetry"
+	"github.com/idemkit/idem/internal/wfseam"
 )
 
 // Defaults used when the corresponding Config field is zero.
@@ -105,6 +107,24 @@ type Config struct {
 	// idem.Reap in idemriver's reap job. At least one second; default 1 minute.
 	ReapInterval time.Duration
 
+	// Version names the code this engine runs, for the runs it starts and the attempts it makes:
+	// every run records the version that started it and the version of its latest attempt
+	// (RunRow.Version, RunRow.AttemptVersion), and RunList filters on it. Default: the VCS
+	// revision the binary was built from (debug.ReadBuildInfo's vcs.revision, with "-dirty" for a
+	// modified work tree), else the main module's version, else [UnknownVersion]. At most 255
+	// bytes.
+	Version string
+
+	// ResumeVersions, when set, restricts the runs this engine resumes, wakes or takes over to
+	// those started by these versions (and its own Version, always included): the others are
+	// left, with a log line, to an engine of their version, as DBOS's application versions do. Use
+	// it when a deploy changes workflows incompatibly and old runs must finish on old code that
+	// keeps running beside the new. Runs stored before versions were recorded are anyone's.
+	// Default: every run, whatever its version.
+	//
+	//	cfg := &workflow.Config{Version: "2026-11-23.1", ResumeVersions: []string{"2026-11-23.1"}}
+	ResumeVersions []string
+
 	// MaxInputBytes bounds a run's input, as JSON: Workflow.Run, StartTx, a child run's start
 	// and Schedule refuse a bigger one with a *LimitError before anything is stored. Default
 	// 1 MiB.
@@ -189,6 +209,9 @@ type Engine struct {
 	// schedClock, when set, is the time schedules go by instead of Postgres's: a test's clock.
 	schedClock atomic.Pointer[func() time.Time]
 
+	now  func() time.Time // the process's clock, as the engine's checks of time read it
+	seam wfseam.Options   // how a test engine changes the engine's dealings with the world (seam.go)
+
 	workers atomic.Bool // AddWorkers was called: this process works the engine's jobs
 	bg      background  // the recovery scan and the gauge, until Close
 }
@@ -212,7 +235,7 @@ func NewEngine(db DB, cfg *Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{db: db, cfg: c, workflows: make(map[string]Definition, len(c.Workflows)), st: store.For(c.Schema), log: c.Logger,
-		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner(), keys: redact.Keys{Full: c.RecordKeys}}
+		tel: telemetry.For(c.TracerProvider, c.MeterProvider), owner: leaseOwner(), now: time.Now, keys: redact.Keys{Full: c.RecordKeys}}
 	for i, d := range c.Workflows {
 		if d == nil {
 			return nil, fmt.Errorf("workflow: Workflows[%d] cannot be nil", i)
@@ -277,6 +300,20 @@ func (c *Config) setDefaults() error {
 			}
 			if c.Logger == nil {
 				c.Logger = slog.Default()
+			}
+			if c.Version == "" {
+				c.Version = buildVersion()
+			}
+			if len(c.Version) > 255 {
+				return fmt.Errorf("workflow: Version cannot be longer than 255 bytes (got %d)", len(c.Version))
+			}
+			for i, v := range c.ResumeVersions {
+				if v == "" {
+					return fmt.Errorf("workflow: ResumeVersions[%d] cannot be empty; list the versions whose runs this engine resumes", i)
+				}
+			}
+			if len(c.ResumeVersions) > 0 && !slices.Contains(c.ResumeVersions, c.Version) {
+				c.ResumeVersions = append(slices.Clip(c.ResumeVersions), c.Version)
 			}
 			return nil
 		}(),

@@ -56,15 +56,34 @@ type FailedError struct {
 	Workflow  string // the workflow's name
 	Scope, ID string // the run's key
 	Message   string // the error that ended the run, as stored
+
+	// Reason says why the engine, rather than the workflow's code, failed the run:
+	// FailureNondeterministic, with Divergence saying where. "" for a failure of the code.
+	Reason     FailureReason
+	Divergence *Divergence
 }
+
+// FailureReason says why the engine failed a run (RunRow.Reason, FailedError.Reason).
+//
+//	if run.Reason == workflow.FailureNondeterministic { ... }
+type FailureReason string
+
+// FailureNondeterministic: the run's code no longer matched its history (see
+// [NonDeterminismError]); the run failed at once, without retries.
+//
+//	if errors.Is(err, workflow.ErrNonDeterminism) { ... } // a *FailedError with this reason matches
+const FailureNondeterministic FailureReason = "nondeterministic"
 
 // Error implements error.
 func (e *FailedError) Error() string {
 	return fmt.Sprintf("workflow %q (key %q in scope %q) failed: %s", e.Workflow, e.ID, e.Scope, e.Message)
 }
 
-// Is makes errors.Is(err, ErrFailed) true.
-func (e *FailedError) Is(target error) bool { return target == ErrFailed }
+// Is makes errors.Is(err, ErrFailed) true, and errors.Is(err, ErrNonDeterminism) for a run
+// failed because its code diverged from its history.
+func (e *FailedError) Is(target error) bool {
+	return target == ErrFailed || (target == ErrNonDeterminism && e.Reason == FailureNondeterministic)
+}
 
 // CancelledError is the stored outcome of a cancelled run, returned to every call with its key.
 //
@@ -112,30 +131,47 @@ func (e *StepError) Error() string {
 func (e *StepError) Is(target error) bool { return target == ErrStepFailed }
 
 // NonDeterminismError reports that a resumed run's code called a different step than the one
-// its history holds at that position, or returned without calling steps the history holds.
-// This happens when a deploy changed a workflow while runs of it were in progress. The run is
-// left as it was (running, with its history intact); it is retried when its lease expires, and
-// after Config.MaxAttempts it goes to the reconcile hook. Deploy a compatible version (or a new
-// workflow name for the new code) and the run resumes.
+// its history holds at that position, or returned without calling steps the history holds: a
+// deploy changed the workflow while runs of it were in progress. Retries cannot help, so the
+// run stops at once and is stored as failed, with [FailureNondeterministic] as its reason and
+// this divergence (RunRow.Reason, RunRow.Divergence); its history stays as it was. Put the
+// change behind [Patched] and resume the run ([Engine.RunResume]), or fork it from the step
+// before the divergence ([Engine.RunFork]).
 //
 //	var nd *workflow.NonDeterminismError
 //	if errors.As(err, &nd) {
-//		log.Printf("run diverged at step %d: stored %s, code called %s", nd.Seq, nd.Stored, nd.Called)
+//		log.Printf("run diverged at step %d: stored %s %q, code called %s %q", nd.Seq, nd.StoredKind, nd.StoredName, nd.CalledKind, nd.CalledName)
 //	}
 type NonDeterminismError struct {
 	Workflow string
-	Seq      int    // the position that differs, from 1
-	Stored   string // "kind:name" recorded at Seq, or "" if the history ends before Seq
-	Called   string // "kind:name" the code called at Seq, or "" if the code returned
+	Divergence
+}
+
+// Divergence is where a run's code left the run's history.
+//
+//	if run.Divergence != nil {
+//		fmt.Printf("step %d: history has %s %q\n", run.Divergence.Seq, run.Divergence.StoredKind, run.Divergence.StoredName)
+//	}
+type Divergence struct {
+	Seq        int    `json:"seq"`                   // the position that differs, from 1
+	StoredKind string `json:"stored_kind"`           // the kind of the step the history holds there ("tx", "call", "patch", ...)
+	StoredName string `json:"stored_name"`           // and its name
+	CalledKind string `json:"called_kind,omitempty"` // the kind of step the code asked for there; "" when the code returned
+	CalledName string `json:"called_name,omitempty"` // and its name
 }
 
 // Error implements error.
 func (e *NonDeterminismError) Error() string {
+	const todo = "put the change behind workflow.Patched and resume the run (Engine.RunResume, idem runs resume), or fork it from an earlier step (Engine.RunFork)"
 	switch {
-	case e.Called == "":
-		return fmt.Sprintf("workflow %q is not deterministic: its history has step %s at #%d, but the code returned without calling it (did a deploy remove a step?)", e.Workflow, e.Stored, e.Seq)
+	case e.StoredKind == patchKind && e.CalledKind == "":
+		return fmt.Sprintf("workflow %q diverged from the run's history at step #%d: the history has patch %q there, but the code returned (was a patch removed before its runs were gone?); keep workflow.Deprecated(ctx, %q) at that point until no run has the patch", e.Workflow, e.Seq, e.StoredName, e.StoredName)
+	case e.StoredKind == patchKind:
+		return fmt.Sprintf("workflow %q diverged from the run's history at step #%d: the history has patch %q there, but the code called %s %q (was a patch removed before its runs were gone?); keep workflow.Deprecated(ctx, %q) at that point until no run has the patch", e.Workflow, e.Seq, e.StoredName, e.CalledKind, e.CalledName, e.StoredName)
+	case e.CalledKind == "":
+		return fmt.Sprintf("workflow %q diverged from the run's history at step #%d: the history has %s %q there, but the code returned without calling it (did a deploy remove a step?); %s", e.Workflow, e.Seq, e.StoredKind, e.StoredName, todo)
 	default:
-		return fmt.Sprintf("workflow %q is not deterministic: step #%d is %s in the run's history, but the code called %s (did a deploy change the steps?)", e.Workflow, e.Seq, e.Stored, e.Called)
+		return fmt.Sprintf("workflow %q diverged from the run's history at step #%d: the history has %s %q there, but the code called %s %q (did a deploy change the steps?); %s", e.Workflow, e.Seq, e.StoredKind, e.StoredName, e.CalledKind, e.CalledName, todo)
 	}
 }
 

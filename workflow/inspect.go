@@ -78,9 +78,21 @@ type RunRow struct {
 	// Attributes are the run's attributes (RunOpts.Attributes, SetAttributesTx); nil for none.
 	Attributes map[string]string `json:"attributes,omitempty"`
 
-	// LastError is why the last attempt stopped without an outcome (a panic, code that no longer
-	// matches the history), when known.
+	// Version is the code version (Config.Version) of the engine that started the run, and
+	// AttemptVersion that of the engine that holds it now, or held it last (its start, a
+	// takeover, a wake-up); "" for what was stored before versions were recorded.
+	Version        string `json:"version,omitempty"`
+	AttemptVersion string `json:"attempt_version,omitempty"`
+
+	// LastError is why the last attempt stopped without an outcome (a panic, a lost database),
+	// when known.
 	LastError string `json:"last_error,omitempty"`
+
+	// Reason says why the engine, rather than the workflow's code, failed the run:
+	// FailureNondeterministic when its code diverged from its history, with Divergence saying
+	// where (Error says what to do). "" otherwise.
+	Reason     FailureReason `json:"reason,omitempty"`
+	Divergence *Divergence   `json:"divergence,omitempty"`
 
 	// Input is the run's input as JSON. Output is the output as JSON when done, and
 	// {"error": "..."} when failed, cancelled or timed out; Error is that message.
@@ -163,6 +175,7 @@ type AttemptRow struct {
 	Outcome AttemptOutcome `json:"outcome"`
 	Error   string         `json:"error"` // clipped to 2 KiB
 	At      time.Time      `json:"at"`
+	Version string         `json:"version,omitempty"` // the code version it ran on (Config.Version)
 }
 
 // StepRow is one completed step of a run, as stored in its history.
@@ -177,6 +190,7 @@ type StepRow struct {
 	Attempts int             `json:"attempts"`
 	Output   json.RawMessage `json:"output,omitempty"` // the step's output as JSON
 	Error    string          `json:"error,omitempty"`  // set instead when the step failed for good
+	Failed   bool            `json:"failed,omitempty"` // the step failed for good (with Error as its message)
 	Created  time.Time       `json:"created"`          // when its checkpoint was written
 }
 
@@ -185,11 +199,12 @@ func runRow(r *store.RunRecord) *RunRow {
 	run := &RunRow{Scope: r.Scope, ID: r.ID, Workflow: r.Workflow, State: RunState(r.State), Attempts: r.Attempts, LeaseOwner: r.LeaseOwner,
 		LeaseExpires: r.LeaseExpires, WakeAt: r.WakeAt, AwaitingSignal: r.AwaitingSignal, Deadline: r.Deadline,
 		PendingSignals: r.PendingSignals, LastError: r.LastError, Input: rawJSON(r.Input), Output: rawJSON(r.Output),
-		Created: r.Created, Updated: r.Updated, Finished: r.Finished, Expires: r.Expires, Attributes: r.Attributes}
+		Created: r.Created, Updated: r.Updated, Finished: r.Finished, Expires: r.Expires, Attributes: r.Attributes,
+		Version: r.Version, AttemptVersion: r.AttemptVersion}
 	if run.State.Finished() && run.State != RunStateDone {
 		var f storedFailure
 		if json.Unmarshal(r.Output, &f) == nil {
-			run.Error = f.Error
+			run.Error, run.Reason, run.Divergence = f.Error, f.Reason, f.Divergence
 		}
 	}
 	if r.ParentScope != nil && r.ParentID != nil {
@@ -247,7 +262,7 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 		for _, s := range steps {
 			row := StepRow{Seq: s.Seq, Name: s.Name, Kind: s.Kind, Attempts: s.Attempts, Output: rawJSON(s.Output), Created: s.Created}
 			if s.Error != nil {
-				row.Error = *s.Error
+				row.Error, row.Failed = *s.Error, true
 			}
 			run.Steps = append(run.Steps, row)
 		}
@@ -257,7 +272,7 @@ func (e *Engine) RunGet(ctx context.Context, key idem.Key) (*RunRow, error) {
 		}
 		for _, a := range attempts {
 			run.Failures = append(run.Failures, AttemptRow{Seq: a.Seq, Step: a.Name, Kind: a.Kind, Attempt: a.Attempt,
-				Outcome: AttemptOutcome(a.Outcome), Error: a.Error, At: a.At})
+				Outcome: AttemptOutcome(a.Outcome), Error: a.Error, At: a.At, Version: a.Version})
 		}
 		children, err := e.st.RunChildren(ctx, t, key.Scope, key.ID)
 		if err != nil {
@@ -306,6 +321,7 @@ const (
 type RunListParams struct {
 	States    []RunState // any of these states
 	Workflows []string   // any of these workflows
+	Versions  []string   // started by any of these code versions (Config.Version)
 	Scope     string     // this scope only
 	Parent    *idem.Key  // the children of this run only
 
@@ -355,7 +371,8 @@ func (e *Engine) RunList(ctx context.Context, params *RunListParams) (*RunListRe
 	if params == nil {
 		params = &RunListParams{}
 	}
-	f := store.RunFilter{Scope: params.Scope, Workflows: params.Workflows, Limit: params.Limit, Attributes: params.Attributes}
+	f := store.RunFilter{Scope: params.Scope, Workflows: params.Workflows, Limit: params.Limit, Attributes: params.Attributes,
+		Versions: params.Versions}
 	if err := validateAttributes("RunListParams.Attributes", params.Attributes, false); err != nil {
 		return nil, err
 	}

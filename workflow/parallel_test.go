@@ -23,7 +23,7 @@ import (
 // fail for good.
 type fanOut struct {
 	inFlight, peak atomic.Int32
-	calls          atomic.Int32 // branch bodies that ran
+	calls          atomic.Int32  // branch bodies that ran
 	hold           chan struct{} // when set, every branch waits on it before it returns
 }
 

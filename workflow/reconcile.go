@@ -20,8 +20,9 @@ type ReconcileReason string
 
 const (
 	// ReasonMaxAttempts: the run was started or taken over Config.MaxAttempts times without
-	// finishing (its processes kept dying, or its code keeps panicking or failing to match its
-	// history; StuckRun.LastError says which, when it is known).
+	// finishing (its processes kept dying, or its code keeps panicking; StuckRun.LastError says
+	// which, when it is known). A run whose code no longer matches its history is not retried: it
+	// fails at once (see NonDeterminismError).
 	ReasonMaxAttempts ReconcileReason = "max_attempts"
 
 	// ReasonUnregistered: no process with the run's workflow in Config.Workflows resumed it

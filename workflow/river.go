@@ -58,8 +58,8 @@ func (e *Engine) resumeOpts() *river.InsertOpts {
 
 // insertResume inserts, in t, the job that runs an ownerless run now (StartTx, RunResume,
 // RunFork, said by reason); generation is the run's lease expiry, which makes the job unique.
-func (e *Engine) insertResume(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, key idem.Key, generation int64, reason string) error {
-	_, err := client.InsertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation, Reason: reason}, e.resumeOpts())
+func (e *Engine) insertResume(ctx context.Context, jobs jobInserter, t pgx.Tx, key idem.Key, generation int64, reason string) error {
+	err := jobs.insertTx(ctx, t, ResumeArgs{Scope: key.Scope, ID: key.ID, LeaseExpiry: generation, Reason: reason}, e.resumeOpts())
 	if err != nil {
 		return fmt.Errorf("workflow: error inserting the job that runs the run: %w", err)
 	}
@@ -203,6 +203,11 @@ func (e *Engine) resume(ctx context.Context, scope, id, reason string) error {
 func (e *Engine) resumeInspected(ctx context.Context, scope, id string, row *store.Inspected, reason string) (string, error) {
 	def, ok := e.workflows[row.Workflow]
 	switch {
+	case !e.resumes(row.Version):
+		// Another deployment runs the run's version (DBOS's model): the job comes back, and
+		// whichever process of that version takes it resumes the run.
+		e.leaveToVersion(ctx, row.Workflow, scope, id, row.Version, "job")
+		return "snoozed", river.JobSnooze(e.cfg.ScanInterval)
 	case !ok:
 		grace := e.cfg.UnregisteredGrace
 		if row.ExpiredFor < grace {

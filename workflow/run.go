@@ -3,20 +3,24 @@ package workflow
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgtype"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/backoff"
 	"github.com/idemkit/idem/internal/keyctx"
 	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/telemetry"
 	"github.com/idemkit/idem/internal/txctl"
 	"github.com/idemkit/idem/tx"
 )
@@ -49,15 +53,21 @@ type runState struct {
 
 	deadline time.Time     // when the run times out, by this process's clock; zero for never
 	timeout  time.Duration // RunOpts.Timeout of a run this process starts
+	started  time.Time     // when this process sent the start of a run it starts, by its clock
 	dbNow    int64         // Postgres's clock when this process took the run, µs (see SleepStep)
 
 	retryAfter time.Duration // for a suspended run: until its wake-up, as a hint to callers
 
+	// replayOnly marks a replay (replay.go): the run's history is matched against its code, and
+	// the execution ends where the code goes past the history, before anything runs or is written.
+	replayOnly bool
+
 	mu        sync.Mutex
-	next      int     // seq of the next step, from 1
-	busy      string  // name of the step in progress, "" when none
-	end       *ending // why this process's part in the run ended early; set once
-	committed bool    // the run's row is committed, so that renewals and takeovers see it
+	next      int            // seq of the next step, from 1
+	patches   map[string]int // the change ids of Patched and Deprecated calls so far, with their positions
+	busy      string         // name of the step in progress, "" when none
+	end       *ending        // why this process's part in the run ended early; set once
+	committed bool           // the run's row is committed, so that renewals and takeovers see it
 
 	hasParent bool               // a child run: its final transaction wakes its parent
 	conc      *store.Concurrency // its concurrency key: its final transaction starts a queued run of it
@@ -109,6 +119,8 @@ const (
 	endRestart
 	// endDeadline: the run's deadline passed at a step boundary; it is stored as timed out.
 	endDeadline
+	// endReplayed: a replay reached the end of the run's history (see pastHistory).
+	endReplayed
 )
 
 // ending is why an execution ended early: the first one recorded wins.
@@ -245,7 +257,8 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 	}
 	token := newToken() // one per call, so that a pass can recognise a start of an earlier pass that landed
 	start := store.RunStartParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: name, Input: input, Token: token,
-		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout, Concurrency: conc, Attributes: attrs}
+		Owner: e.owner, Lease: e.cfg.Lease, Trace: traceparent(ctx), Timeout: timeout, Concurrency: conc, Attributes: attrs,
+		Version: e.cfg.Version}
 	var lost time.Time // when a start of this call's was lost with its COMMIT (see below)
 	inFlight := func(after time.Duration) error {
 		return &idem.InFlightError{Scope: key.Scope, ID: key.ID, RetryAfter: max(time.Second, after)}
@@ -255,6 +268,7 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 			return nil, false, inFlight(time.Second)
 		}
 		rs := e.newRun(def, key.Scope, key.ID, token)
+		rs.started = e.now()
 		row, err := rs.tx.startRun(ctx, start)
 		if err != nil {
 			return nil, false, fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
@@ -343,6 +357,9 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 		case kr.Attempts >= e.cfg.MaxAttempts:
 			// Out of attempts: the recovery jobs hand it to the reconcile hook.
 			return nil, false, inFlight(e.cfg.ScanInterval)
+		case !e.resumes(kr.Version):
+			e.leaveToVersion(ctx, name, key.Scope, key.ID, kr.Version, "call")
+			return nil, false, inFlight(e.cfg.ScanInterval)
 		}
 		rs, stored, err := e.takeOver(ctx, def, key.Scope, key.ID, kr.Token, "call")
 		if err != nil {
@@ -363,7 +380,8 @@ func (e *Engine) tryRun(ctx context.Context, def Definition, key idem.Key, finge
 // by says who takes it: "job" (a resume job) or "call" (a call of Workflow.Run).
 func (e *Engine) takeOver(ctx context.Context, def Definition, scope, id string, old *pgtype.UUID, by string) (*runState, []byte, error) {
 	rs := e.newRun(def, scope, id, newToken())
-	c, ok, err := e.st.RunTakeover(ctx, e.db, rs.lease(), old, e.owner, e.cfg.Lease)
+	c, ok, err := e.st.RunTakeover(ctx, e.db, store.TakeoverParams{LeaseParams: rs.lease(), Old: old, Owner: e.owner, Lease: e.cfg.Lease,
+		Version: e.cfg.Version})
 	if err != nil {
 		return nil, nil, fmt.Errorf("workflow: error taking over run: %w", err)
 	}
@@ -516,6 +534,10 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 		case endDeadline:
 			return rs.timeOut(ctx)
 		}
+		var nd *NonDeterminismError
+		if errors.As(end.err, &nd) {
+			return e.diverged(ctx, rs, nd)
+		}
 		return e.abandon(ctx, rs, end.err)
 	}
 	switch {
@@ -524,8 +546,8 @@ func (e *Engine) executeOnce(ctx context.Context, rs *runState, input []byte) ou
 	case errors.As(ferr, &mErr):
 		return e.abandon(ctx, rs, ferr)
 	}
-	if s, ok := rs.history.from(rs.next); ok {
-		return e.abandon(ctx, rs, &NonDeterminismError{Workflow: rs.def.Name(), Seq: s.Seq, Stored: s.Kind + ":" + s.Name})
+	if nd := rs.unconsumed(); nd != nil {
+		return e.diverged(ctx, rs, nd)
 	}
 
 	state, result := store.RunDone, out
@@ -652,10 +674,25 @@ func (e *Engine) reload(ctx context.Context, rs *runState) (outcome, bool) {
 		return e.abandon(ctx, rs, &machineryError{err}), true
 	}
 	rs.mu.Lock()
-	rs.history, rs.created, rs.next, rs.busy, rs.end = history, kr.Created, 1, "", nil
+	rs.history, rs.created, rs.next, rs.busy, rs.end, rs.patches = history, kr.Created, 1, "", nil, nil
 	rs.mu.Unlock()
 	rs.tx.pending = nil
 	return outcome{}, false
+}
+
+// diverged fails a run whose code no longer matches its history, at once: no retry can make it
+// match, so the run is not left to its lease and MaxAttempts. Its stored failure says where it
+// diverged and what to do; its history stays, so that a deploy with a patch can resume it.
+func (e *Engine) diverged(ctx context.Context, rs *runState, nd *NonDeterminismError) outcome {
+	result, _ := json.Marshal(storedFailure{Error: nd.Error(), Reason: FailureNondeterministic, Divergence: &nd.Divergence}) // always encodes
+	if err := rs.finish(ctx, store.RunFailed, result); err != nil {
+		return e.abandon(ctx, rs, err)
+	}
+	e.tel.Diverged.Add(ctx, 1, metric.WithAttributes(telemetry.Workflow.String(rs.def.Name())))
+	e.log.WarnContext(ctx, "workflow: run's code diverged from its history; the run failed", "workflow", rs.def.Name(), "scope", rs.scope,
+		"id", rs.id, "version", e.cfg.Version, "step", nd.Seq, "stored", nd.StoredKind+" "+nd.StoredName,
+		"called", strings.TrimSpace(nd.CalledKind+" "+nd.CalledName), "error", nd.Error())
+	return finished(nil, failedFromStored(rs.def.Name(), idemKey(rs), result))
 }
 
 // abandon ends this process's part in a run without storing an outcome. The lease is left to
@@ -677,9 +714,8 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 		}
 		cancel()
 	}
-	var nd *NonDeterminismError
 	var mErr *machineryError
-	if errors.As(err, &nd) || (errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost)) {
+	if errors.As(err, &mErr) && !errors.Is(err, ErrLeaseLost) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		if serr := e.st.RunStuck(sctx, e.db, rs.lease(), err.Error()); serr != nil {
 			e.log.WarnContext(ctx, "workflow: error recording why a run stopped", "scope", rs.scope, e.keys.Log(rs.rkey()), e.keys.Error(serr, rs.rkey()))
@@ -694,7 +730,7 @@ func (e *Engine) abandon(ctx context.Context, rs *runState, err error) outcome {
 		e.log.WarnContext(ctx, "workflow: run lost its lease and stopped; another process owns it now", "workflow", rs.def.Name(),
 			"scope", rs.scope, e.keys.Log(rs.rkey()), "attempt", rs.attempt, e.keys.Error(err, rs.rkey()))
 	}
-	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNonDeterminism) {
+	if errors.Is(err, ErrLeaseLost) {
 		return outcome{kind: outStopped, err: err}
 	}
 	return outcome{kind: outStopped, err: fmt.Errorf("workflow: run of %q (key %q in scope %q) stopped before its end and will be resumed: %w",

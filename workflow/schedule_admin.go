@@ -248,7 +248,7 @@ func (e *Engine) ScheduleTrigger(ctx context.Context, name string) (idem.Key, er
 	if err := validScheduleName(name); err != nil {
 		return idem.Key{}, err
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return idem.Key{}, err
 	}
@@ -258,7 +258,7 @@ func (e *Engine) ScheduleTrigger(ctx context.Context, name string) (idem.Key, er
 		if err != nil {
 			return err
 		}
-		k, started, err := e.startTick(ctx, client, t, s, now)
+		k, started, err := e.startTick(ctx, jobs, t, s, now)
 		if err != nil {
 			return err
 		}
@@ -293,7 +293,7 @@ func (e *Engine) ScheduleBackfill(ctx context.Context, name string, from, to tim
 	if !to.IsZero() && !from.Before(to) {
 		return nil, fmt.Errorf("workflow: a backfill's from (%s) must be before its to (%s)", from.Format(time.RFC3339), to.Format(time.RFC3339))
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +321,7 @@ func (e *Engine) ScheduleBackfill(ctx context.Context, name string, from, to tim
 		}
 		adv := store.ScheduleAdvanceParams{Name: name}
 		for _, tick := range ticks {
-			key, started, err := e.startTick(ctx, client, t, s, tick)
+			key, started, err := e.startTick(ctx, jobs, t, s, tick)
 			if err != nil {
 				return err
 			}

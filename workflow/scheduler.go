@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redact"
@@ -60,7 +59,7 @@ func (e *Engine) poke() {
 // fireSchedules starts the runs of every due tick, one schedule per transaction, until none is
 // due (at most maxFiringsPerPass schedules; the loop comes back at once for the rest).
 func (e *Engine) fireSchedules(ctx context.Context) error {
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -69,7 +68,7 @@ func (e *Engine) fireSchedules(ctx context.Context) error {
 	var failed []string
 	var errs []error
 	for range maxFiringsPerPass {
-		name, err := e.fireOne(ctx, client, failed)
+		name, err := e.fireOne(ctx, jobs, failed)
 		switch {
 		case err != nil && name == "":
 			return errors.Join(append(errs, err)...)
@@ -84,7 +83,7 @@ func (e *Engine) fireSchedules(ctx context.Context) error {
 
 // fireOne fires one due schedule but for those named in except, and returns its name: "" when
 // none is due (or every due one is being fired by another engine).
-func (e *Engine) fireOne(ctx context.Context, client *river.Client[pgx.Tx], except []string) (name string, err error) {
+func (e *Engine) fireOne(ctx context.Context, jobs jobInserter, except []string) (name string, err error) {
 	err = pgx.BeginFunc(ctx, e.db, func(t pgx.Tx) error {
 		s, now, ok, err := e.st.ScheduleClaim(ctx, t, e.clockNow(), except)
 		switch {
@@ -113,7 +112,7 @@ func (e *Engine) fireOne(ctx context.Context, client *river.Client[pgx.Tx], exce
 					unfinished)
 				continue
 			}
-			key, started, err := e.startTick(ctx, client, t, s, tick)
+			key, started, err := e.startTick(ctx, jobs, t, s, tick)
 			if err != nil {
 				return err
 			}
@@ -147,13 +146,14 @@ func (e *Engine) pauseBroken(ctx context.Context, t pgx.Tx, name string, why err
 
 // startTick starts the run of one tick in t, ownerless. started is false when its key holds a
 // run already (a backfill, a trigger, or another workflow's or Do's key, which is logged).
-func (e *Engine) startTick(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, s *store.ScheduleRecord, tick time.Time) (idem.Key, bool, error) {
+func (e *Engine) startTick(ctx context.Context, jobs jobInserter, t pgx.Tx, s *store.ScheduleRecord, tick time.Time) (idem.Key, bool, error) {
 	key := tickKey(s.Scope, s.Name, tick)
 	attrs := make(map[string]string, len(s.Attributes)+1)
 	maps.Copy(attrs, s.Attributes)
 	attrs[ScheduleAttribute] = s.Name
-	started, err := e.startOwnerless(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Workflow: s.Workflow, Input: s.Input,
-		Fingerprint: idem.Fingerprint("idem.workflow.input", s.Workflow, string(s.Input)), Attributes: attrs, Concurrency: s.Concurrency},
+	started, err := e.startOwnerless(ctx, jobs, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Workflow: s.Workflow, Input: s.Input,
+		Fingerprint: idem.Fingerprint("idem.workflow.input", s.Workflow, string(s.Input)), Attributes: attrs, Concurrency: s.Concurrency,
+		Version: e.cfg.Version},
 		resumeScheduled)
 	switch {
 	case errors.Is(err, idem.ErrMismatch):

@@ -100,7 +100,7 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 	if err := checkSize("MaxSignalPayloadBytes", fmt.Sprintf("the payload of signal %q", name), data, e.cfg.MaxSignalPayloadBytes); err != nil {
 		return nil, err
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +125,7 @@ func (e *Engine) SignalTx(ctx context.Context, t pgx.Tx, key idem.Key, name stri
 		// unique per suspension: a wake job of an earlier suspension at the same step, still
 		// running in River after the run went back to waiting, must not swallow this one.
 		args := WakeArgs{Scope: key.Scope, ID: key.ID, Generation: sig.Created, Seq: sig.WaitSeq, Reason: "signal", Suspended: sig.Suspended}
-		if _, err := client.InsertTx(ctx, t, args, e.signalWakeOpts()); err != nil {
+		if err := jobs.insertTx(ctx, t, args, e.signalWakeOpts()); err != nil {
 			return nil, fmt.Errorf("workflow: error inserting the job that wakes the run: %w", err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
@@ -59,7 +58,7 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	if err := validateAttributes("StartOpts.Attributes", o.Attributes, false); err != nil {
 		return err
 	}
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -82,8 +81,8 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 	if err != nil {
 		return err
 	}
-	_, err = e.startOwnerless(ctx, client, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name,
-		Input: input, Trace: traceparent(ctx), Concurrency: conc, Attributes: o.Attributes}, resumeStarted)
+	_, err = e.startOwnerless(ctx, jobs, t, store.RunEnqueueParams{Scope: key.Scope, ID: key.ID, Fingerprint: fingerprint, Workflow: w.name,
+		Input: input, Trace: traceparent(ctx), Concurrency: conc, Attributes: o.Attributes, Version: e.cfg.Version}, resumeStarted)
 	return err
 }
 
@@ -92,9 +91,9 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, t pgx.Tx, ke
 // free slot), in t. started is false when the key holds this run already (nothing is written); a
 // key of another workflow, of idem.Do or of other input is idem.ErrMismatch, one whose start is in
 // flight idem.ErrInFlight. An expired, finished key is a new key, as for Run.
-func (e *Engine) startOwnerless(ctx context.Context, client *river.Client[pgx.Tx], t pgx.Tx, p store.RunEnqueueParams, reason string) (started bool, err error) {
+func (e *Engine) startOwnerless(ctx context.Context, jobs jobInserter, t pgx.Tx, p store.RunEnqueueParams, reason string) (started bool, err error) {
 	key := idem.Key{Scope: p.Scope, ID: p.ID}
-	ok, err := e.enqueue(ctx, client, t, p, reason)
+	ok, err := e.enqueue(ctx, jobs, t, p, reason)
 	if err != nil {
 		return false, fmt.Errorf("workflow: error starting run: %w", e.tablesError(err))
 	}
@@ -115,7 +114,7 @@ func (e *Engine) startOwnerless(ctx context.Context, client *river.Client[pgx.Tx
 	// An expired, finished key is a new key, as for Run: take it, ownerless.
 	r, ok, err := e.st.RunReplace(ctx, t, store.RunReplaceParams{RunStartParams: store.RunStartParams{Scope: key.Scope, ID: key.ID,
 		Fingerprint: p.Fingerprint, Workflow: p.Workflow, Input: p.Input, Trace: p.Trace, Timeout: p.Timeout, Concurrency: p.Concurrency,
-		Attributes: p.Attributes}, Queued: p.Concurrency != nil})
+		Attributes: p.Attributes, Version: p.Version}, Queued: p.Concurrency != nil})
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("workflow: error starting run: %w", err)
@@ -124,5 +123,5 @@ func (e *Engine) startOwnerless(ctx context.Context, client *river.Client[pgx.Tx
 	case p.Concurrency != nil:
 		return true, e.admit(ctx, t, p.Workflow, *p.Concurrency, "", "")
 	}
-	return true, e.insertResume(ctx, client, t, key, r.LeaseExpires, reason)
+	return true, e.insertResume(ctx, jobs, t, key, r.LeaseExpires, reason)
 }

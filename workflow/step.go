@@ -164,7 +164,7 @@ func stepKey(scope, id string, created int64, seq int, name string) string {
 //	})
 func RunStep(ctx context.Context, kind, name string, opts *StepOpts, body func(ctx context.Context, info *StepInfo) ([]byte, error)) ([]byte, error) {
 	return runStep(ctx, kind, name, opts, false, func(ctx context.Context, s *StepInfo) ([]byte, error) {
-		out, err := body(ctx, s)
+		out, err := s.rs.e.callBody(name, body)(ctx, s)
 		if err != nil {
 			return nil, err
 		}
@@ -262,14 +262,18 @@ func claimStep(ctx context.Context, kind, name string, opts *StepOpts, main bool
 	}
 	rs.mu.Unlock()
 
-	if rec, ok := rs.history.at(seq); ok {
+	rec, replayed, err := rs.match(seq, kind, name)
+	if err != nil {
+		if main {
+			rs.idle()
+		}
+		return c, err
+	}
+	if replayed {
 		if main {
 			defer rs.idle()
 		}
 		c.replayed = true
-		if rec.Name != name || rec.Kind != kind {
-			return c, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Seq: seq, Stored: rec.Kind + ":" + rec.Name, Called: kind + ":" + name})
-		}
 		_, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, seq, true)
 		if rec.Error != nil {
 			err := &StepError{Step: name, Seq: seq, Attempts: rec.Attempts, Message: *rec.Error}
@@ -298,6 +302,39 @@ func (rs *runState) idle() {
 	rs.mu.Lock()
 	rs.busy = ""
 	rs.mu.Unlock()
+}
+
+// match is the history matching of every step, in a run's execution and in a replay: the
+// history's record of position seq when it holds one of kind and name (replayed is true: the
+// step is replayed from it), none when the history has nothing there (the step is new, or a
+// parallel branch that did not complete, and runs), and a divergence, which stops the run, when
+// the history holds another step there. In a replay, a step with nothing recorded ends the
+// replay instead (pastHistory).
+func (rs *runState) match(seq int, kind, name string) (rec store.StepRecord, replayed bool, err error) {
+	rec, ok := rs.history.at(seq)
+	if !ok {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		return rec, false, rs.pastHistory()
+	}
+	if rec.Kind != kind || rec.Name != name {
+		return rec, false, rs.stop(&NonDeterminismError{Workflow: rs.def.Name(), Divergence: Divergence{Seq: seq, StoredKind: rec.Kind,
+			StoredName: rec.Name, CalledKind: kind, CalledName: name}})
+	}
+	return rec, true, nil
+}
+
+// unconsumed is the divergence of an execution whose workflow function returned before it
+// replayed the whole history, nil when it did.
+func (rs *runState) unconsumed() *NonDeterminismError {
+	rs.mu.Lock()
+	next := rs.next
+	rs.mu.Unlock()
+	rec, ok := rs.history.from(next)
+	if !ok {
+		return nil
+	}
+	return &NonDeterminismError{Workflow: rs.def.Name(), Divergence: Divergence{Seq: rec.Seq, StoredKind: rec.Kind, StoredName: rec.Name}}
 }
 
 // attempts runs a step's attempts until one succeeds, the step fails for good (its failure is
@@ -347,7 +384,11 @@ func (rs *runState) attempts(ctx context.Context, info *StepInfo, cfg *StepOpts,
 			return nil, &StepError{Step: info.Name, Seq: info.Seq, Attempts: n, Message: msg}
 		}
 		span.retry(ctx, n, err)
-		if serr := backoff.Sleep(ctx, cfg.backoff(n)); serr != nil {
+		wait := cfg.backoff(n)
+		if rs.e.seam.NoBackoff {
+			wait = 0
+		}
+		if serr := backoff.Sleep(ctx, wait); serr != nil {
 			return nil, rs.stop(context.Cause(ctx))
 		}
 	}
@@ -416,7 +457,7 @@ func (rs *runState) recordStopped(ctx context.Context, info *StepInfo, err error
 
 func (rs *runState) attemptParams(info *StepInfo, outcome store.AttemptOutcome, err error) store.AttemptParams {
 	return store.AttemptParams{LeaseParams: rs.lease(), Seq: info.Seq, Name: info.Name, Kind: info.Kind, Attempt: info.Attempt,
-		Outcome: outcome, Error: clipError(err.Error(), maxAttemptError), Keep: rs.e.cfg.StepAttemptsKept}
+		Outcome: outcome, Error: clipError(err.Error(), maxAttemptError), Keep: rs.e.cfg.StepAttemptsKept, Version: rs.e.cfg.Version}
 }
 
 // clipError cuts msg to at most n bytes, on a rune boundary, and says that it did.
@@ -530,8 +571,12 @@ func (rs *runState) checkpointError(step string, err error) error {
 	return &machineryError{fmt.Errorf("workflow: error writing checkpoint of step %q: %w", step, err)}
 }
 
+// storedFailure is the output of a run that did not finish as done: its error, and for a run the
+// engine failed, why and where.
 type storedFailure struct {
-	Error string `json:"error"`
+	Error      string        `json:"error"`
+	Reason     FailureReason `json:"reason,omitempty"`
+	Divergence *Divergence   `json:"divergence,omitempty"`
 }
 
 func encodeFailure(msg string) []byte {
@@ -569,7 +614,7 @@ func failedFromStored(name string, key idem.Key, result []byte) error {
 	if err := json.Unmarshal(result, &f); err != nil {
 		f.Error = string(result)
 	}
-	return &FailedError{Workflow: name, Scope: key.Scope, ID: key.ID, Message: f.Error}
+	return &FailedError{Workflow: name, Scope: key.Scope, ID: key.ID, Message: f.Error, Reason: f.Reason, Divergence: f.Divergence}
 }
 
 // StopRun stops the run under ctx without storing an outcome, as a lost lease does, and returns

@@ -123,7 +123,7 @@ func (rs *runState) waitTx(ctx context.Context, step string, decide func(t pgx.T
 // whichever comes first.
 func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *store.WaitRow, state store.RunState, seq int, signal *string, wakeAt *int64) error {
 	e := rs.e
-	client, err := e.riverClient(ctx)
+	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return rs.stop(&machineryError{err})
 	}
@@ -143,7 +143,7 @@ func (rs *runState) suspend(ctx context.Context, t pgx.Tx, w *store.WaitRow, sta
 		return nil // an await without a timeout: only a signal wakes it
 	}
 	rs.retryAfter = max(time.Second, time.Duration(*at-w.Now)*time.Microsecond)
-	_, err = client.InsertTx(ctx, t, WakeArgs{Scope: rs.scope, ID: rs.id, Generation: rs.created, Seq: seq, Reason: "timer"},
+	err = jobs.insertTx(ctx, t, WakeArgs{Scope: rs.scope, ID: rs.id, Generation: rs.created, Seq: seq, Reason: "timer"},
 		&river.InsertOpts{Queue: e.cfg.Queue, ScheduledAt: time.UnixMicro(*at)})
 	if err != nil {
 		return fmt.Errorf("error inserting the job that wakes the run: %w", err)
@@ -208,6 +208,10 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 		}
 		return nil
 	}
+	if !e.resumes(w.Version) {
+		e.leaveToVersion(ctx, name, a.Scope, a.ID, w.Version, "wake")
+		return river.JobSnooze(e.cfg.ScanInterval)
+	}
 	def, ok := e.workflows[name]
 	if !ok {
 		// Another deployment may know the workflow (a rolling deploy). A waiting run has no
@@ -219,7 +223,8 @@ func (e *Engine) wake(ctx context.Context, a WakeArgs) error {
 		return river.JobSnooze(e.cfg.ScanInterval)
 	}
 	rs := e.newRun(def, a.Scope, a.ID, newToken())
-	c, ok, err := e.st.RunWake(ctx, e.db, store.WakeParams{LeaseParams: rs.lease(), Generation: a.Generation, Seq: a.Seq, Owner: e.owner, Lease: e.cfg.Lease})
+	c, ok, err := e.st.RunWake(ctx, e.db, store.WakeParams{LeaseParams: rs.lease(), Generation: a.Generation, Seq: a.Seq, Owner: e.owner, Lease: e.cfg.Lease,
+		Version: e.cfg.Version})
 	if err != nil {
 		return fmt.Errorf("workflow: error waking run: %w", err)
 	}

@@ -483,7 +483,7 @@ func TestNonDeterminism(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		v2   func(ctx context.Context, in int) (int, error)
-		want workflow.NonDeterminismError
+		want workflow.Divergence
 	}{
 		{
 			name: "StepChanged",
@@ -494,7 +494,7 @@ func TestNonDeterminism(t *testing.T) {
 				_, err := steps.Call(ctx, "refund", func(ctx context.Context, key string) (int, error) { return 0, errors.New("must not run") }, nil)
 				return 0, err
 			},
-			want: workflow.NonDeterminismError{Workflow: "nd", Seq: 2, Stored: "call:b", Called: "call:refund"},
+			want: workflow.Divergence{Seq: 2, StoredKind: "call", StoredName: "b", CalledKind: "call", CalledName: "refund"},
 		},
 		{
 			name: "StepRemoved",
@@ -502,7 +502,7 @@ func TestNonDeterminism(t *testing.T) {
 				_, err := steps.Tx(ctx, "a", func(ctx context.Context, tx pgx.Tx) (int, error) { return 0, errors.New("must not run") }, nil)
 				return 3, err
 			},
-			want: workflow.NonDeterminismError{Workflow: "nd", Seq: 2, Stored: "call:b"},
+			want: workflow.Divergence{Seq: 2, StoredKind: "call", StoredName: "b"},
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -515,18 +515,32 @@ func TestNonDeterminism(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 			b.waitLeaseExpired(t, key)
 
+			// The run fails at once, no retries: they cannot make the code match.
 			changed := workflow.Define("nd", tt.v2)
-			_, err = changed.Run(b.ctx, b.engine(t, fastConfig(changed)), key, 1, nil)
-			var nd *workflow.NonDeterminismError
-			require.ErrorAs(t, err, &nd)
+			e := b.engine(t, fastConfig(changed))
+			_, err = changed.Run(b.ctx, e, key, 1, nil)
+			var failed *workflow.FailedError
+			require.ErrorAs(t, err, &failed)
 			require.ErrorIs(t, err, workflow.ErrNonDeterminism)
-			require.Equal(t, tt.want, *nd)
+			require.ErrorIs(t, err, workflow.ErrFailed)
+			require.Equal(t, workflow.FailureNondeterministic, failed.Reason)
+			require.Equal(t, tt.want, *failed.Divergence)
+			require.Contains(t, failed.Message, "workflow.Patched")
+			require.Contains(t, failed.Message, "RunFork")
 
-			state, _ := b.state(t, key)
-			require.Equal(t, "running", state)
-			require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`))
+			state, attempts := b.state(t, key)
+			require.Equal(t, "failed", state)
+			require.Equal(t, 2, attempts, "the first and the one that diverged")
+			require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idem_steps`), "the history stays")
 			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
-			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE last_error LIKE '%not deterministic%'`))
+
+			run, err := e.RunGet(b.ctx, key)
+			require.NoError(t, err)
+			require.Equal(t, workflow.FailureNondeterministic, run.Reason)
+			require.Equal(t, tt.want, *run.Divergence)
+			require.Equal(t, failed.Message, run.Error)
+			_, err = changed.Run(b.ctx, e, key, 1, nil)
+			require.ErrorIs(t, err, workflow.ErrNonDeterminism, "every retry gets the stored failure")
 		})
 	}
 }

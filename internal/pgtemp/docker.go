@@ -13,13 +13,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
-
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 )
-
-const containerImage = "postgres:16-alpine"
 
 // dockerProbeTimeout bounds the whole Docker probe. testcontainers-go can
 // wait a long time for an engine that is not there, so pgtemp asks first and
@@ -149,50 +145,44 @@ func dockerTLSConfig() *tls.Config {
 	return cfg
 }
 
-// startContainer runs postgres:16-alpine with the same test-friendly
-// settings as the local binaries, its data on a tmpfs since it is thrown
-// away anyway. testcontainers-go's reaper removes the container if this
-// process dies without calling Close.
+// ContainerStarter starts a throwaway Postgres in a container on the Docker engine at host (as
+// the probe found it), with settings as postgres -c arguments, and returns its URL (postgres://),
+// what it is (for the test log) and how to stop it. A module of its own provides it
+// (github.com/idemkit/idem/idemtest/pgdocker), so that Docker's client modules stay out of the
+// go.mod of every module that only imports idemtest.
+type ContainerStarter func(ctx context.Context, host string, settings []string) (rawURL, detail string, stop func() error, err error)
+
+// PgdockerPath is the package that provides the container source, to name in messages.
+const PgdockerPath = "github.com/idemkit/idem/idemtest/pgdocker"
+
+var containers atomic.Pointer[ContainerStarter]
+
+// RegisterContainers makes Start try a Docker engine, through start, after TEST_DATABASE_URL and
+// before the local binaries. pgdocker calls it when it is imported.
+//
+//	func init() { pgtemp.RegisterContainers(startContainer) }
+func RegisterContainers(start ContainerStarter) { containers.Store(&start) }
+
+// startContainer starts Postgres in a container on the engine at host, with the registered
+// starter and the test-friendly settings of the local binaries.
 func startContainer(ctx context.Context, host string) (*Server, error) {
-	args := []string{"postgres"}
-	for _, kv := range serverSettings() {
-		args = append(args, "-c", kv)
+	start := containers.Load()
+	if start == nil {
+		return nil, fmt.Errorf("no container source is linked in (a test file with import _ %q uses it)", PgdockerPath)
 	}
-	ctr, err := tcpostgres.Run(ctx, containerImage,
-		tcpostgres.BasicWaitStrategies(),
-		testcontainers.WithCmd(args...),
-		testcontainers.WithTmpfs(map[string]string{"/var/lib/postgresql/data": "rw"}),
-	)
+	raw, detail, stop, err := (*start)(ctx, host, serverSettings())
 	if err != nil {
-		if ctr != nil {
-			_ = stopContainer(ctr)
-		}
-		return nil, fmt.Errorf("error starting container: %w", err)
-	}
-	raw, err := ctr.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		_ = stopContainer(ctr)
-		return nil, fmt.Errorf("error getting container address: %w", err)
+		return nil, err
 	}
 	u, err := parseURL(raw)
 	if err != nil {
-		_ = stopContainer(ctr)
+		_ = stop()
 		return nil, err
 	}
-	srv := &Server{source: sourceContainer, url: u, detail: containerImage + " via " + host, ctr: ctr}
+	srv := &Server{source: sourceContainer, url: u, detail: detail, stopContainer: stop}
 	if err := srv.openAdmin(ctx); err != nil {
-		_ = stopContainer(ctr)
+		_ = stop()
 		return nil, err
 	}
 	return srv, nil
-}
-
-func stopContainer(ctr *tcpostgres.PostgresContainer) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// No grace period: the data is throwaway.
-	if err := testcontainers.TerminateContainer(ctr, testcontainers.StopContext(ctx), testcontainers.StopTimeout(0)); err != nil {
-		return fmt.Errorf("error stopping container: %w", err)
-	}
-	return nil
 }

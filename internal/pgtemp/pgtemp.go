@@ -5,9 +5,11 @@
 //
 //  1. the server named by the TEST_DATABASE_URL environment variable (a CI
 //     box with a Postgres service);
-//  2. a postgres:16-alpine container through testcontainers-go, but only
-//     when a Docker engine answers a ping within about 1.5 seconds (a laptop
-//     with Docker);
+//  2. a container on a Docker engine, when one answers a ping within about
+//     1.5 seconds and the container source is linked in (a test file imports
+//     github.com/idemkit/idem/idemtest/pgdocker, a module of its own, so that
+//     Docker's client modules stay out of the go.mod of every module that does
+//     not ask for them);
 //  3. the local Postgres binaries (initdb and postgres on PATH, in
 //     `pg_config --bindir`, or in the highest /usr/lib/postgresql/*/bin),
 //     started in a temporary directory on a free port with durability turned
@@ -42,7 +44,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 )
 
 // Sources a Server can come from, as reported by Server.Source.
@@ -78,10 +79,10 @@ type Server struct {
 
 	// mu serializes Restart and Close with each other; database creation
 	// does not take it, since the pool tolerates a restart underneath.
-	mu     sync.Mutex
-	closed bool
-	local  *localServer                  // set when source is sourceLocal
-	ctr    *tcpostgres.PostgresContainer // set when source is sourceContainer
+	mu            sync.Mutex
+	closed        bool
+	local         *localServer // set when source is sourceLocal
+	stopContainer func() error // set when source is sourceContainer
 }
 
 // dbSeq numbers databases across all Servers of the process, so names stay
@@ -126,8 +127,8 @@ func tracked(s *Server) map[string]*Server {
 	return out
 }
 
-// Start finds or starts a Postgres, trying TEST_DATABASE_URL, then Docker
-// through testcontainers-go, then the local binaries. It is for examples and
+// Start finds or starts a Postgres, trying TEST_DATABASE_URL, then a Docker
+// engine (when pgdocker is linked in), then the local binaries. It is for examples and
 // tools; tests should use [Shared], [NewDB] or [NewPool], which share one
 // server per test binary.
 //
@@ -153,16 +154,17 @@ func Start(ctx context.Context) (*Server, error) {
 	}
 	tried = append(tried, "TEST_DATABASE_URL not set")
 
-	host, err := probeDocker(ctx, dockerCandidates())
-	if err == nil {
+	if containers.Load() == nil {
+		tried = append(tried, fmt.Sprintf("docker: not tried, no container source is linked in (a test file with import _ %q uses a Docker engine)", PgdockerPath))
+	} else if host, err := probeDocker(ctx, dockerCandidates()); err != nil {
+		tried = append(tried, "docker: "+err.Error())
+	} else {
 		srv, err := startContainer(ctx, host)
 		if err == nil {
 			srv.skipped = tried
 			return srv, nil
 		}
 		tried = append(tried, fmt.Sprintf("docker: engine at %s answered but the container failed: %v", host, err))
-	} else {
-		tried = append(tried, "docker: "+err.Error())
 	}
 
 	srv, err := startLocal(ctx)
@@ -252,6 +254,11 @@ func (s *Server) Source() string { return s.source }
 //		// Someone else's server: leave it as found.
 //	}
 func (s *Server) Owned() bool { return s.source != sourceEnv }
+
+// Tried says why the sources before the server's were not used.
+//
+//	log.Printf("skipped: %s", strings.Join(srv.Tried(), "; "))
+func (s *Server) Tried() []string { return s.skipped }
 
 // describe says which server is in use and why earlier sources were not,
 // for test logs.
@@ -396,8 +403,8 @@ func (s *Server) Close() error {
 	switch {
 	case s.local != nil:
 		return s.local.close()
-	case s.ctr != nil:
-		return stopContainer(s.ctr)
+	case s.stopContainer != nil:
+		return s.stopContainer()
 	}
 	return nil
 }

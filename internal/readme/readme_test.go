@@ -90,6 +90,7 @@ var imports = []string{
 	"github.com/idemkit/idem", "github.com/idemkit/idem/idemhttp", "github.com/idemkit/idem/tx",
 	"github.com/idemkit/idem/workflow", "github.com/idemkit/idem/steps", "github.com/idemkit/idem/idemriver",
 	"github.com/idemkit/idem/outbox",
+	"github.com/idemkit/idem/workflow/workflowtest", "github.com/idemkit/idem/idemcli", "os", "testing",
 	// Modules of their own, reached through go.work.
 	"github.com/idemkit/idem/idemgrpc", "google.golang.org/grpc",
 	"github.com/idemkit/idem/outbox/natspub", "github.com/nats-io/nats.go/jetstream",
@@ -125,6 +126,11 @@ var (
 	body     []byte
 	js       jetstream.JetStream
 	consumer jetstream.Consumer
+	// Changing workflows, Testing workflows
+	Reminder      *workflow.Workflow[PayoutReq, Receipt]
+	checkFraud    func(ctx context.Context, key string) (bool, error)
+	chargeCard    func(ctx context.Context, key string) (Charge, error)
+	appWorkflows  []workflow.Definition
 )
 
 type (
@@ -231,9 +237,10 @@ var anyExport = map[string]string{
 	"github.com/idemkit/idem": "ErrInFlight", "github.com/idemkit/idem/idemhttp": "Tx",
 	"github.com/idemkit/idem/tx": "Run", "github.com/idemkit/idem/workflow": "ErrFailed", "github.com/idemkit/idem/idemriver": "Migrate",
 	"github.com/idemkit/idem/idemgrpc": "Tx", "google.golang.org/grpc": "NewServer",
-	"github.com/idemkit/idem/steps":  "Permanent",
 	"github.com/idemkit/idem/outbox": "Append", "github.com/idemkit/idem/outbox/natspub": "New",
 	"github.com/nats-io/nats.go/jetstream": "New",
+	"github.com/idemkit/idem/steps":        "Permanent", "github.com/idemkit/idem/workflow/workflowtest": "New",
+	"github.com/idemkit/idem/idemcli": "Main", "os": "Exit", "testing": "Short",
 }
 
 // newImporter reads the packages' export data, which go list builds (and caches) for it. An

@@ -134,7 +134,7 @@ const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.l
 	CASE WHEN r.state IN ('sleeping', 'awaiting') THEN r.wake_at END,
 	CASE WHEN r.state = 'awaiting' THEN coalesce(r.wait_name, '') ELSE '' END, r.deadline,
 	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4,
-	r.parent_scope, r.parent_id, r.parent_seq, r.attributes`
+	r.parent_scope, r.parent_id, r.parent_seq, r.attributes, coalesce(r.version, ''), coalesce(r.attempt_version, r.version, '')`
 
 func newAdminStatements(t Tables) adminStatements {
 	return adminStatements{
@@ -147,14 +147,14 @@ WHERE scope = $1 AND id = $2 ORDER BY seq`),
 
 		// A checkpoint being committed holds the row (its fence), so this waits for it, and a
 		// checkpoint that comes after it sees what this transaction wrote.
-		runLock: t.render(`SELECT state, workflow, coalesce(lease_expires_at > now(), false), coalesce(lease_owner, '')
+		runLock: t.render(`SELECT state, workflow, coalesce(lease_expires_at > {now}, false), coalesce(lease_owner, '')
 FROM {runs} WHERE scope = $1 AND id = $2 FOR UPDATE`),
 
 		// The lease's token goes, so that the owner's next checkpoint or renewal fails its
 		// fence; its owner and expiry stay: the owner may still be finishing a step until then,
 		// and a resume must not start a second owner beside it.
 		runCancel: t.render(`UPDATE {runs} SET state = 'cancelled', output = $3, lease_token = NULL,
-	updated_at = now(), finished_at = now(), expires_at = now() + $4::int8 @us
+	updated_at = {now}, finished_at = {now}, expires_at = {now} + $4::int8 @us
 WHERE scope = $1 AND id = $2`),
 
 		stepCount: t.render(`SELECT count(*)::int4 FROM {steps} WHERE scope = $1 AND id = $2`),
@@ -176,13 +176,14 @@ WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND
 SELECT seq FROM deleted`),
 
 		runReopen: t.render(`UPDATE {runs} SET state = 'running', output = NULL, attempts = 0, lease_token = NULL,
-	lease_owner = NULL, lease_expires_at = now(), last_error = NULL, updated_at = now(), finished_at = NULL,
+	lease_owner = NULL, lease_expires_at = {now}, last_error = NULL, updated_at = {now}, finished_at = NULL,
 	expires_at = NULL
 WHERE scope = $1 AND id = $2
 RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		forkSource: t.render(`SELECT workflow, fingerprint, input, coalesce(trace_context, ''),
-	(extract(epoch FROM deadline - created_at) * 1000000)::int8, concurrency_key, coalesce(concurrency_limit, 0), attributes
+	(extract(epoch FROM deadline - created_at) * 1000000)::int8, concurrency_key, coalesce(concurrency_limit, 0), attributes,
+	coalesce(version, '')
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
 		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
@@ -227,13 +228,16 @@ type RunRecord struct {
 	ParentID            *string
 	ParentSeq           *int
 	Attributes          map[string]string
+	Version             string // the code version that started the run
+	AttemptVersion      string // the code version that took the run over or woke it last; else the start's
 }
 
 func scanRunRecord(r pgx.Row) (*RunRecord, error) {
 	run := &RunRecord{}
 	err := r.Scan(&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner, &run.LeaseExpires,
 		&run.LastError, &run.Input, &run.Output, &run.Created, &run.Updated, &run.Finished, &run.Expires, &run.WakeAt,
-		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals, &run.ParentScope, &run.ParentID, &run.ParentSeq, &run.Attributes)
+		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals, &run.ParentScope, &run.ParentID, &run.ParentSeq, &run.Attributes,
+		&run.Version, &run.AttemptVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -327,6 +331,7 @@ type ForkSource struct {
 	Timeout     time.Duration // the run's deadline less its creation; 0 for none
 	Concurrency *Concurrency  // the run's concurrency key and limit; nil for none
 	Attributes  map[string]string
+	Version     string // the code version that started the run
 }
 
 // RunForkSource reads what a fork copies, locking the run against a concurrent change of its
@@ -337,7 +342,7 @@ func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id st
 	var key *string
 	var limit int
 	err := q.QueryRow(ctx, st.admin.forkSource, scope, id).Scan(&f.Workflow, &f.Fingerprint, &f.Input, &f.Trace, &timeout, &key, &limit,
-		&f.Attributes)
+		&f.Attributes, &f.Version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ForkSource{}, false, nil
 	}
@@ -381,6 +386,7 @@ func (st *Statements) RunCancelHeard(ctx context.Context, q Querier, scope, id, 
 type RunFilter struct {
 	States     []string
 	Workflows  []string
+	Versions   []string // started by any of these code versions
 	Scope      string
 	Since      *time.Time        // created at or after
 	Until      *time.Time        // created before
@@ -400,8 +406,8 @@ type RunCursor struct {
 
 // RunList lists runs, newest first. Only the filters that are set are in the statement's text,
 // so that the planner sees plain predicates that idem_runs' indexes serve: idem_runs_created for
-// the order and the cursor, idem_runs_state and idem_runs_workflow when filtering by them, and
-// idem_runs_attributes for attributes.
+// the order and the cursor, idem_runs_state, idem_runs_workflow and idem_runs_version when
+// filtering by them, and idem_runs_attributes for attributes.
 func (st *Statements) RunList(ctx context.Context, q Querier, f RunFilter) ([]*RunRecord, error) {
 	sql, args := st.listRuns(f)
 	rows, err := q.Query(ctx, sql, args...)
@@ -425,6 +431,9 @@ func (st *Statements) listRuns(f RunFilter) (string, []any) {
 	}
 	if len(f.Workflows) > 0 {
 		where = append(where, "r.workflow = ANY("+arg(f.Workflows)+"::text[])")
+	}
+	if len(f.Versions) > 0 {
+		where = append(where, "r.version = ANY("+arg(f.Versions)+"::text[])")
 	}
 	if f.Scope != "" {
 		where = append(where, "r.scope = "+arg(f.Scope))

@@ -37,8 +37,8 @@ FOR KEY SHARE`),
 	SELECT r.scope, r.id, r.state FROM {runs} r JOIN tree ON r.parent_scope = tree.scope AND r.parent_id = tree.id
 	WHERE r.parent_close = 'cancel' AND r.state NOT IN ` + finishedStates + `
 )
-UPDATE {runs} r SET state = 'cancelled', output = $3, lease_token = NULL, updated_at = now(), finished_at = now(),
-	expires_at = now() + $4::int8 @us
+UPDATE {runs} r SET state = 'cancelled', output = $3, lease_token = NULL, updated_at = {now}, finished_at = {now},
+	expires_at = {now} + $4::int8 @us
 FROM tree WHERE r.scope = tree.scope AND r.id = tree.id
 RETURNING r.scope, r.id, r.workflow, tree.state = 'queued'`),
 
@@ -49,7 +49,7 @@ WHERE parent_scope = $1 AND parent_id = $2 ORDER BY parent_seq, created_at, id`)
 	(extract(epoch FROM p.updated_at) * 1000000)::int8
 FROM {runs} p JOIN {runs} c ON c.parent_scope = p.scope AND c.parent_id = p.id AND p.wait_name = '` + ChildWaitPrefix + `' || c.id
 WHERE p.state = 'awaiting' AND p.wait_name LIKE '` + ChildWaitPrefix + `%' AND c.state IN ` + finishedStates + `
-	AND c.finished_at <= now() - $2::int8 @us
+	AND c.finished_at <= {now} - $2::int8 @us
 LIMIT $1`),
 	}
 }

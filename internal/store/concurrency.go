@@ -32,7 +32,7 @@ func newConcurrencyStatements(t Tables) concurrencyStatements {
 	WHERE workflow = $3 AND concurrency_key = $4 AND state IN ` + activeStates + ` AND NOT (scope = $1 AND id = $2)
 ), queued AS (
 	UPDATE {runs} SET state = 'queued', attempts = 0, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
-		updated_at = now()
+		updated_at = {now}
 	WHERE scope = $1 AND id = $2 AND ((SELECT n FROM active) >= $5 OR EXISTS (
 		SELECT FROM {runs} WHERE workflow = $3 AND concurrency_key = $4 AND state = 'queued' AND NOT (scope = $1 AND id = $2)))
 	RETURNING 1
@@ -53,7 +53,7 @@ SELECT NOT EXISTS (SELECT FROM queued)`),
 	LIMIT greatest(0, coalesce((SELECT lim FROM head), 0) - (SELECT n FROM active))
 	FOR UPDATE
 )
-UPDATE {runs} r SET state = 'running', lease_expires_at = now(), updated_at = now()
+UPDATE {runs} r SET state = 'running', lease_expires_at = {now}, updated_at = {now}
 FROM next WHERE r.scope = next.scope AND r.id = next.id
 RETURNING r.scope, r.id, (extract(epoch FROM r.lease_expires_at) * 1000000)::int8`),
 

@@ -20,9 +20,13 @@ func TestRunTakeover(t *testing.T) {
 		b.insertRun(t, run{scope: "s", id: "k", token: old, owner: "dead", lease: -time.Second, attempts: 2, input: []byte(`"in"`),
 			trace: "tp", deadline: ptr(time.Hour)})
 		tok := newToken()
-		c, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.LeaseParams{Scope: "s", ID: "k", Token: tok}, &old, "me", time.Minute)
+		c, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.TakeoverParams{LeaseParams: store.LeaseParams{Scope: "s", ID: "k", Token: tok}, Old: &old,
+			Owner: "me", Lease: time.Minute, Version: "v2"})
 		require.NoError(t, err)
 		require.True(t, ok)
+		var attemptVersion string
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT attempt_version FROM idem_runs WHERE id = 'k'`).Scan(&attemptVersion))
+		require.Equal(t, "v2", attemptVersion, "the taker's version is the attempt's")
 		got := b.stored(t, "s", "k")
 		require.Equal(t, store.Claim{Attempts: 3, Input: []byte(`"in"`), Created: got.CreatedUS, Trace: "tp", Now: c.Now,
 			Deadline: got.DeadlineUS}, c)
@@ -38,7 +42,7 @@ func TestRunTakeover(t *testing.T) {
 		b := setup(t)
 		// An enqueued run has no token: the taker saw none.
 		b.insertRun(t, run{scope: "s", id: "k", lease: -time.Millisecond})
-		c, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.LeaseParams{Scope: "s", ID: "k", Token: newToken()}, nil, "me", time.Minute)
+		c, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.TakeoverParams{LeaseParams: store.LeaseParams{Scope: "s", ID: "k", Token: newToken()}, Old: nil, Owner: "me", Lease: time.Minute})
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, 1, c.Attempts)
@@ -66,7 +70,7 @@ func TestRunTakeover(t *testing.T) {
 			{"missing", nil},
 		} {
 			before := b.storedOrZero(t, "s", c.id)
-			_, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.LeaseParams{Scope: "s", ID: c.id, Token: newToken()}, c.old, "me", time.Minute)
+			_, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.TakeoverParams{LeaseParams: store.LeaseParams{Scope: "s", ID: c.id, Token: newToken()}, Old: c.old, Owner: "me", Lease: time.Minute})
 			require.NoError(t, err, c.id)
 			require.False(t, ok, c.id)
 			require.Equal(t, before, b.storedOrZero(t, "s", c.id), c.id)
@@ -80,7 +84,7 @@ func TestRunTakeover(t *testing.T) {
 		b.insertRun(t, run{scope: "s", id: "k", token: old, lease: -time.Second, attempts: 1})
 		first, second := newToken(), newToken()
 		tx := b.begin(t)
-		_, ok, err := b.st.RunTakeover(b.ctx, tx, store.LeaseParams{Scope: "s", ID: "k", Token: first}, &old, "first", time.Minute)
+		_, ok, err := b.st.RunTakeover(b.ctx, tx, store.TakeoverParams{LeaseParams: store.LeaseParams{Scope: "s", ID: "k", Token: first}, Old: &old, Owner: "first", Lease: time.Minute})
 		require.NoError(t, err)
 		require.True(t, ok)
 
@@ -91,7 +95,7 @@ func TestRunTakeover(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			_, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.LeaseParams{Scope: "s", ID: "k", Token: second}, &old, "second", time.Minute)
+			_, ok, err := b.st.RunTakeover(b.ctx, b.pool, store.TakeoverParams{LeaseParams: store.LeaseParams{Scope: "s", ID: "k", Token: second}, Old: &old, Owner: "second", Lease: time.Minute})
 			done <- result{ok, err}
 		}()
 		b.waitForLockWaiter(t)

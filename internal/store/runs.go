@@ -44,23 +44,24 @@ type runStatements struct {
 
 // keyRunColumns read a key and its run, joined from a one-row relation so that a statement
 // returns one row whether the key exists or not. KeyRun is what they scan into.
-const keyRunColumns = `k.scope IS NOT NULL, k.workflow, coalesce(k.expires_at > now(), false), r.state, r.fingerprint, r.output,
-	coalesce(r.expires_at > now(), true), coalesce(r.lease_expires_at > now(), false),
-	coalesce(greatest(ceil(extract(epoch FROM r.lease_expires_at - now())), 0), 0)::int4, coalesce(r.attempts, 0), r.lease_token,
+const keyRunColumns = `k.scope IS NOT NULL, k.workflow, coalesce(k.expires_at > {now}, false), r.state, r.fingerprint, r.output,
+	coalesce(r.expires_at > {now}, true), coalesce(r.lease_expires_at > {now}, false),
+	coalesce(greatest(ceil(extract(epoch FROM r.lease_expires_at - {now})), 0), 0)::int4, coalesce(r.attempts, 0), r.lease_token,
 	coalesce((extract(epoch FROM r.created_at) * 1000000)::int8, 0), coalesce(r.last_error, ''),
-	coalesce(extract(epoch FROM now() - r.lease_expires_at), 0)::float8, (extract(epoch FROM now()) * 1000000)::int8,
-	(extract(epoch FROM r.deadline) * 1000000)::int8`
+	coalesce(extract(epoch FROM {now} - r.lease_expires_at), 0)::float8, (extract(epoch FROM {now}) * 1000000)::int8,
+	(extract(epoch FROM r.deadline) * 1000000)::int8, coalesce(r.version, '')`
 
 const keyRunFrom = `FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND k.id = $2
 	LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id`
 
 // newRun is the head of the statements that insert a run.
 const newRun = `INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
-	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, concurrency_key, concurrency_limit, attributes)`
+	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, concurrency_key, concurrency_limit, attributes,
+	version)`
 
 // claimReturning is what the statements that take a run's lease return; Claim reads it.
 const claimReturning = `RETURNING attempts, input, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(trace_context, ''),
-	(extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8, parent_id IS NOT NULL,
+	(extract(epoch FROM {now}) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8, parent_id IS NOT NULL,
 	concurrency_key, coalesce(concurrency_limit, 0)`
 
 func newRunStatements(t Tables) runStatements {
@@ -73,13 +74,13 @@ func newRunStatements(t Tables) runStatements {
 	SELECT pg_try_advisory_xact_lock($10) AS held
 ), key AS (
 	INSERT INTO {keys} (scope, id, workflow, created_at, expires_at)
-	SELECT $1, $2, $4, statement_timestamp(), 'infinity' FROM lock WHERE held
+	SELECT $1, $2, $4, {statement_now}, 'infinity' FROM lock WHERE held
 	ON CONFLICT (scope, id) DO NOTHING
 	RETURNING created_at
 ), run AS (
 ` + newRun + `
-	SELECT $1, $2, $4, 'running', $3, $5, 1, $6, $7, now() + $8::int8 @us, $9, created_at, created_at,
-		created_at + $11::int8 @us, $12, $13, $14::jsonb FROM key
+	SELECT $1, $2, $4, 'running', $3, $5, 1, $6, $7, {now} + $8::int8 @us, $9, created_at, created_at,
+		created_at + $11::int8 @us, $12, $13, $14::jsonb, $15 FROM key
 	RETURNING created_at
 )
 SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM run),
@@ -92,7 +93,7 @@ SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 100000
 		// The old run and its history go in the same statement that rewrites the key, so that
 		// no step of the old run can be replayed into the new one.
 		replace: t.render(`WITH old_run AS (
-	DELETE FROM {runs} WHERE scope = $1 AND id = $2 AND state <> 'running' AND expires_at <= now()
+	DELETE FROM {runs} WHERE scope = $1 AND id = $2 AND state <> 'running' AND expires_at <= {now}
 	RETURNING 1
 ), old_steps AS (
 	DELETE FROM {steps} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM old_run)
@@ -103,77 +104,78 @@ SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 100000
 ), old_events AS (
 	DELETE FROM {events} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM old_run)
 ), key AS (
-	UPDATE {keys} SET workflow = $4, fingerprint = NULL, result = NULL, created_at = statement_timestamp(),
+	UPDATE {keys} SET workflow = $4, fingerprint = NULL, result = NULL, created_at = {statement_now},
 		expires_at = 'infinity'
 	WHERE scope = $1 AND id = $2
-		AND ((workflow IS NULL AND expires_at <= now()) OR EXISTS (SELECT FROM old_run))
+		AND ((workflow IS NULL AND expires_at <= {now}) OR EXISTS (SELECT FROM old_run))
 		AND pg_try_advisory_xact_lock($13)
 	RETURNING created_at
 )
 ` + newRun + `
 SELECT $1, $2, $4, CASE WHEN $16::bool THEN 'queued' ELSE 'running' END, $3, $5, $10, $6, $7,
-	CASE WHEN $16::bool THEN NULL WHEN $11::bool THEN now() + $8::int8 @us ELSE now() END, $9, created_at, created_at,
-	created_at + $12::int8 @us, $14, $15, $17::jsonb FROM key
+	CASE WHEN $16::bool THEN NULL WHEN $11::bool THEN {now} + $8::int8 @us ELSE {now} END, $9, created_at, created_at,
+	created_at + $12::int8 @us, $14, $15, $17::jsonb, $18 FROM key
 RETURNING (extract(epoch FROM created_at) * 1000000)::int8, (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 
 		// The key's in-flight lock, taken without waiting as RunStart takes it: a start that
 		// has not committed yet (or a Do) holds it, and the insert would otherwise wait on its row.
 		enqueue: t.render(`WITH key AS (
 	INSERT INTO {keys} (scope, id, workflow, created_at, expires_at)
-	SELECT $1, $2, $4, statement_timestamp(), 'infinity' WHERE pg_try_advisory_xact_lock($12)
+	SELECT $1, $2, $4, {statement_now}, 'infinity' WHERE pg_try_advisory_xact_lock($12)
 	ON CONFLICT (scope, id) DO NOTHING
 	RETURNING created_at
 )
 INSERT INTO {runs} (scope, id, workflow, state, fingerprint, input, attempts, lease_token,
 	lease_owner, lease_expires_at, trace_context, created_at, updated_at, deadline, parent_scope, parent_id, parent_seq,
-	parent_close, concurrency_key, concurrency_limit, attributes)
+	parent_close, concurrency_key, concurrency_limit, attributes, version)
 SELECT $1, $2, $4, CASE WHEN $15::bool THEN 'queued' ELSE 'running' END, $3, $5, 0, NULL, NULL,
-	CASE WHEN $15::bool THEN NULL ELSE now() END, $6, created_at, created_at, created_at + $7::int8 @us,
-	$8, $9, $10, $11, $13, $14, $16::jsonb FROM key
+	CASE WHEN $15::bool THEN NULL ELSE {now} END, $6, created_at, created_at, created_at + $7::int8 @us,
+	$8, $9, $10, $11, $13, $14, $16::jsonb, $17 FROM key
 RETURNING coalesce((extract(epoch FROM lease_expires_at) * 1000000)::int8, 0)`),
 
-		takeover: t.render(`UPDATE {runs} SET lease_token = $3, lease_owner = $6, lease_expires_at = now() + $5::int8 @us,
-	attempts = attempts + 1, updated_at = now()
-WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now()
+		takeover: t.render(`UPDATE {runs} SET lease_token = $3, lease_owner = $6, lease_expires_at = {now} + $5::int8 @us,
+	attempts = attempts + 1, attempt_version = $7, updated_at = {now}
+WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= {now}
 	AND lease_token IS NOT DISTINCT FROM $4
 ` + claimReturning),
 
-		renew: t.render(`UPDATE {runs} SET lease_expires_at = now() + $4::int8 @us
+		renew: t.render(`UPDATE {runs} SET lease_expires_at = {now} + $4::int8 @us
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
 		// Sent with COMMIT, where no one reads the rows affected: when the writer no longer holds
 		// the lease it fails (division by zero), which aborts the transaction.
 		finish: t.render(`WITH finished AS (
 	UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
-		lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
+		lease_expires_at = NULL, last_error = NULL, updated_at = {now}, finished_at = {now}, expires_at = {now} + $6::int8 @us
 	WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'
 	RETURNING 1
 )
 SELECT 1 / count(*)::int FROM finished`),
 
-		stuck: t.render(`UPDATE {runs} SET last_error = $4, updated_at = now()
+		stuck: t.render(`UPDATE {runs} SET last_error = $4, updated_at = {now}
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
 		// SKIP LOCKED passes over runs whose owner is committing a step right now (its
 		// checkpoint holds the row) and over runs another scan is handling.
 		scan: t.render(`SELECT scope, id, attempts, (extract(epoch FROM lease_expires_at) * 1000000)::int8
-FROM {runs} WHERE state = 'running' AND lease_expires_at <= now()
+FROM {runs} WHERE state = 'running' AND lease_expires_at <= {now}
 ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED`),
 
-		nextExpiry: t.render(`SELECT (extract(epoch FROM min(lease_expires_at) - now()) * 1000000)::int8
-FROM {runs} WHERE state = 'running' AND lease_expires_at > now()`),
+		nextExpiry: t.render(`SELECT (extract(epoch FROM min(lease_expires_at) - {now}) * 1000000)::int8
+FROM {runs} WHERE state = 'running' AND lease_expires_at > {now}`),
 
-		inspect: t.render(`SELECT r.state, r.workflow, r.input, r.attempts, r.lease_expires_at <= now(), r.lease_token,
-	coalesce(extract(epoch FROM now() - r.lease_expires_at), 0)::float8,
+		inspect: t.render(`SELECT r.state, r.workflow, r.input, r.attempts, r.lease_expires_at <= {now}, r.lease_token,
+	coalesce(extract(epoch FROM {now} - r.lease_expires_at), 0)::float8,
 	coalesce((SELECT s.name FROM {steps} s WHERE s.scope = r.scope AND s.id = r.id ORDER BY s.seq DESC LIMIT 1), ''),
-	coalesce(r.last_error, ''), (extract(epoch FROM r.created_at) * 1000000)::int8, coalesce(r.trace_context, '')
+	coalesce(r.last_error, ''), (extract(epoch FROM r.created_at) * 1000000)::int8, coalesce(r.trace_context, ''),
+	coalesce(r.version, '')
 FROM {runs} r WHERE r.scope = $1 AND r.id = $2`),
 
 		countByState: t.render(`SELECT state, count(*) FROM {runs} WHERE state <> 'done' GROUP BY state`),
 
 		reconcileEnd: t.render(`UPDATE {runs} SET state = $4, output = $5, lease_token = NULL, lease_owner = NULL,
-	lease_expires_at = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $6::int8 @us
-WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now() AND lease_token IS NOT DISTINCT FROM $3`),
+	lease_expires_at = NULL, updated_at = {now}, finished_at = {now}, expires_at = {now} + $6::int8 @us
+WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= {now} AND lease_token IS NOT DISTINCT FROM $3`),
 
 		// The run's row is read under the lease's fence (the row lock a step's checkpoint takes
 		// too), and updated only when the result stays within the limit; either way one row
@@ -191,8 +193,8 @@ WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now()
 SELECT EXISTS (SELECT FROM updated), n FROM counted`),
 
 		reconcileResume: t.render(`UPDATE {runs} SET lease_token = NULL, lease_owner = NULL,
-	lease_expires_at = now() + $4::int8 @us, attempts = 0, updated_at = now()
-WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= now() AND lease_token IS NOT DISTINCT FROM $3`),
+	lease_expires_at = {now} + $4::int8 @us, attempts = 0, updated_at = {now}
+WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= {now} AND lease_token IS NOT DISTINCT FROM $3`),
 	}
 }
 
@@ -214,12 +216,13 @@ type KeyRun struct {
 	ExpiredFor  time.Duration // since the lease ran out (negative while it is live)
 	Now         int64         // Postgres's clock, µs
 	Deadline    *int64        // the run's deadline, µs; nil for none
+	Version     string        // the code version that started the run; "" when not recorded
 }
 
 func scanKeyRun(dest []any, r *KeyRun) []any {
 	return append(dest, &r.Found, &r.KeyWorkflow, &r.KeyLive, &r.State, &r.Fingerprint, &r.Output, &r.RunLive, &r.LeaseLive,
 		(*secondsDuration)(&r.LeaseLeft), &r.Attempts, &r.Token, &r.Created, &r.LastError, (*floatSecondsDuration)(&r.ExpiredFor),
-		&r.Now, &r.Deadline)
+		&r.Now, &r.Deadline, &r.Version)
 }
 
 // secondsDuration scans an int4 of seconds into a time.Duration.
@@ -252,6 +255,7 @@ type RunStartParams struct {
 	Timeout     time.Duration     // the run's deadline after its creation; 0 for none
 	Concurrency *Concurrency      // the run's concurrency key and limit; nil for none
 	Attributes  map[string]string // the run's attributes; none when empty
+	Version     string            // the code version of the process that starts it
 }
 
 // Concurrency is a run's concurrency key and the limit of active runs with it.
@@ -285,7 +289,8 @@ type RunStartRow struct {
 func (st *Statements) RunStart(p RunStartParams) Stmt {
 	ck, cl := p.Concurrency.args()
 	return Stmt{SQL: st.runs.start, Args: []any{p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, p.Token, p.Owner, micros(p.Lease),
-		nullText(p.Trace), LockID(st.schema, p.Scope, p.ID), nullMicros(p.Timeout), ck, cl, attributesArg(p.Attributes)}}
+		nullText(p.Trace), LockID(st.schema, p.Scope, p.ID), nullMicros(p.Timeout), ck, cl, attributesArg(p.Attributes),
+		p.Version}}
 }
 
 // ScanRunStart reads RunStart's row.
@@ -339,7 +344,7 @@ func (st *Statements) RunReplace(ctx context.Context, q Querier, p RunReplacePar
 	var expires *int64
 	err = q.QueryRow(ctx, st.runs.replace, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, token, owner, micros(p.Lease),
 		nullText(p.Trace), attempts, p.Leased, nullMicros(p.Timeout), LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued,
-		attributesArg(p.Attributes)).Scan(&r.Created, &expires)
+		attributesArg(p.Attributes), p.Version).Scan(&r.Created, &expires)
 	if expires != nil {
 		r.LeaseExpires = *expires
 	}
@@ -362,6 +367,7 @@ type RunEnqueueParams struct {
 	Concurrency *Concurrency      // the run's concurrency key and limit; nil for none
 	Queued      bool              // the run waits for a slot of its key (see RunAdmit); no resume job yet
 	Attributes  map[string]string // the run's attributes; none when empty
+	Version     string            // the code version the run is started for
 }
 
 // ParentRef is the run that started a child run, at which step, and what its cancel does to the
@@ -391,7 +397,7 @@ func (st *Statements) RunEnqueue(ctx context.Context, q Querier, p RunEnqueuePar
 	ck, cl := p.Concurrency.args()
 	err = q.QueryRow(ctx, st.runs.enqueue, p.Scope, p.ID, p.Fingerprint, p.Workflow, p.Input, nullText(p.Trace),
 		nullMicros(p.Timeout), pScope, pID, pSeq, pClose, LockID(st.schema, p.Scope, p.ID), ck, cl, p.Queued,
-		attributesArg(p.Attributes)).Scan(&generation)
+		attributesArg(p.Attributes), p.Version).Scan(&generation)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}
@@ -432,11 +438,21 @@ type LeaseParams struct {
 	Token     pgtype.UUID
 }
 
+// TakeoverParams take the lease of a run whose lease expired, if it still has the token the
+// taker saw (Old; nil when it had none), for Owner, running code of Version.
+type TakeoverParams struct {
+	LeaseParams
+	Old     *pgtype.UUID
+	Owner   string
+	Lease   time.Duration
+	Version string
+}
+
 // RunTakeover takes the lease of a run whose lease expired and that still has the token the taker
-// saw (old; nil when it had none): of two takers, one wins. ok is false for the other, and when
-// the run is no longer running with an expired lease.
-func (st *Statements) RunTakeover(ctx context.Context, q Querier, p LeaseParams, old *pgtype.UUID, owner string, lease time.Duration) (Claim, bool, error) {
-	return scanClaim(q.QueryRow(ctx, st.runs.takeover, p.Scope, p.ID, p.Token, old, micros(lease), owner))
+// saw: of two takers, one wins. ok is false for the other, and when the run is no longer running
+// with an expired lease. The run's attempt_version becomes the taker's.
+func (st *Statements) RunTakeover(ctx context.Context, q Querier, p TakeoverParams) (Claim, bool, error) {
+	return scanClaim(q.QueryRow(ctx, st.runs.takeover, p.Scope, p.ID, p.Token, p.Old, micros(p.Lease), p.Owner, p.Version))
 }
 
 // RunRenew extends the lease of its holder. ok is false when the caller no longer holds it.
@@ -519,13 +535,14 @@ type Inspected struct {
 	LastError     string
 	Created       int64 // µs
 	Trace         string
+	Version       string // the code version that started the run; "" when not recorded
 }
 
 // RunInspect reads a run for the resume job. ok is false when there is none.
 func (st *Statements) RunInspect(ctx context.Context, q Querier, scope, id string) (Inspected, bool, error) {
 	var r Inspected
 	err := q.QueryRow(ctx, st.runs.inspect, scope, id).Scan(&r.State, &r.Workflow, &r.Input, &r.Attempts, &r.Expired, &r.Token,
-		(*floatSecondsDuration)(&r.ExpiredFor), &r.RecoveryPoint, &r.LastError, &r.Created, &r.Trace)
+		(*floatSecondsDuration)(&r.ExpiredFor), &r.RecoveryPoint, &r.LastError, &r.Created, &r.Trace, &r.Version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Inspected{}, false, nil
 	}

@@ -25,17 +25,17 @@ const scheduleFrom = `FROM {schedules} s LEFT JOIN {runs} r ON r.scope = s.scope
 
 func newScheduleStatements(t Tables) scheduleStatements {
 	return scheduleStatements{
-		now: `SELECT coalesce($1::timestamptz, now())`,
+		now: t.render(`SELECT coalesce($1::timestamptz, {now})`),
 
 		// A schedule defined again with the same timing keeps its next tick (a deploy that
 		// defines it at every start moves nothing); with other timing, it gets the new one's.
 		// An operator's pause survives either.
 		upsert: t.render(`INSERT INTO {schedules} AS s (name, workflow, scope, cron, every_us, time_zone, input, attributes, overlap,
 	catch_up, paused, next_tick, concurrency_key, concurrency_limit, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $14, now(), now())
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13, $14, {now}, {now})
 ON CONFLICT (name) DO UPDATE SET workflow = excluded.workflow, scope = excluded.scope, cron = excluded.cron,
 	every_us = excluded.every_us, time_zone = excluded.time_zone, input = excluded.input, attributes = excluded.attributes,
-	concurrency_key = excluded.concurrency_key, concurrency_limit = excluded.concurrency_limit, overlap = excluded.overlap, catch_up = excluded.catch_up, updated_at = now(),
+	concurrency_key = excluded.concurrency_key, concurrency_limit = excluded.concurrency_limit, overlap = excluded.overlap, catch_up = excluded.catch_up, updated_at = {now},
 	next_tick = CASE WHEN (s.cron, s.every_us, s.time_zone) IS NOT DISTINCT FROM (excluded.cron, excluded.every_us, excluded.time_zone)
 		THEN s.next_tick ELSE excluded.next_tick END
 RETURNING (xmax = 0), next_tick`),
@@ -46,9 +46,9 @@ RETURNING (xmax = 0), next_tick`),
 WHERE s.name > $1 AND (cardinality($2::text[]) = 0 OR s.workflow = ANY($2::text[]))
 ORDER BY s.name LIMIT $3`),
 
-		pause: t.render(`UPDATE {schedules} SET paused = true, pause_note = $2, updated_at = now() WHERE name = $1`),
+		pause: t.render(`UPDATE {schedules} SET paused = true, pause_note = $2, updated_at = {now} WHERE name = $1`),
 
-		resume: t.render(`UPDATE {schedules} SET paused = false, pause_note = NULL, next_tick = $2, updated_at = now()
+		resume: t.render(`UPDATE {schedules} SET paused = false, pause_note = NULL, next_tick = $2, updated_at = {now}
 WHERE name = $1 AND paused`),
 
 		remove: t.render(`DELETE FROM {schedules} WHERE name = $1`),
@@ -57,23 +57,23 @@ WHERE name = $1 AND paused`),
 		// runs and moves it on: SKIP LOCKED passes over a schedule another engine is firing, so
 		// engines share the due schedules and none waits.
 		claim: t.render(`WITH due AS (
-	SELECT name FROM {schedules} WHERE NOT paused AND next_tick <= coalesce($1::timestamptz, now()) AND name <> ALL($2::text[])
+	SELECT name FROM {schedules} WHERE NOT paused AND next_tick <= coalesce($1::timestamptz, {now}) AND name <> ALL($2::text[])
 	ORDER BY next_tick LIMIT 1 FOR UPDATE SKIP LOCKED
 )
-SELECT ` + scheduleColumns + `, coalesce($1::timestamptz, now()) ` + scheduleFrom + ` JOIN due d ON d.name = s.name`),
+SELECT ` + scheduleColumns + `, coalesce($1::timestamptz, {now}) ` + scheduleFrom + ` JOIN due d ON d.name = s.name`),
 
 		lock: t.render(`WITH locked AS (
 	SELECT name FROM {schedules} WHERE name = $1 FOR UPDATE
 )
-SELECT ` + scheduleColumns + `, coalesce($2::timestamptz, now()) ` + scheduleFrom + ` JOIN locked l ON l.name = s.name`),
+SELECT ` + scheduleColumns + `, coalesce($2::timestamptz, {now}) ` + scheduleFrom + ` JOIN locked l ON l.name = s.name`),
 
 		advance: t.render(`UPDATE {schedules} SET next_tick = coalesce($2, next_tick),
 	last_tick = CASE WHEN $3::timestamptz IS NOT NULL AND (last_tick IS NULL OR $3 >= last_tick) THEN $3 ELSE last_tick END,
 	last_run_id = CASE WHEN $3::timestamptz IS NOT NULL AND (last_tick IS NULL OR $3 >= last_tick) THEN $4 ELSE last_run_id END,
-	ticks_started = ticks_started + $5, ticks_skipped = ticks_skipped + $6, updated_at = now()
+	ticks_started = ticks_started + $5, ticks_skipped = ticks_skipped + $6, updated_at = {now}
 WHERE name = $1`),
 
-		nextDue: t.render(`SELECT (extract(epoch FROM min(next_tick) - coalesce($1::timestamptz, now())) * 1000000)::int8
+		nextDue: t.render(`SELECT (extract(epoch FROM min(next_tick) - coalesce($1::timestamptz, {now})) * 1000000)::int8
 FROM {schedules} WHERE NOT paused`),
 	}
 }

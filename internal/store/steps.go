@@ -37,15 +37,15 @@ SELECT $1, $2, $4, $5, $6, $7, $8, $9 WHERE $3::uuid IS NOT NULL`),
 		// Written only by the run's owner (the lease is checked, without a row lock: an attempt
 		// row is a record, not a recovery point), and trimmed to the newest $10 of its step.
 		attempt: t.render(`WITH added AS (
-	INSERT INTO {attempts} (scope, id, seq, name, kind, attempt, outcome, error)
-	SELECT $1, $2, $4, $5, $6, $7, $8, $9
+	INSERT INTO {attempts} (scope, id, seq, name, kind, attempt, outcome, error, version)
+	SELECT $1, $2, $4, $5, $6, $7, $8, $9, $11
 	WHERE EXISTS (SELECT FROM {runs} WHERE scope = $1 AND id = $2 AND lease_token = $3)
 	RETURNING n
 )
 DELETE FROM {attempts} WHERE scope = $1 AND id = $2 AND seq = $4 AND EXISTS (SELECT FROM added)
 	AND n NOT IN (SELECT n FROM {attempts} WHERE scope = $1 AND id = $2 AND seq = $4 ORDER BY n DESC LIMIT $10 - 1)`),
 
-		attempts: t.render(`SELECT seq, name, kind, attempt, outcome, error, at FROM {attempts}
+		attempts: t.render(`SELECT seq, name, kind, attempt, outcome, error, at, coalesce(version, '') FROM {attempts}
 WHERE scope = $1 AND id = $2 ORDER BY n`),
 	}
 }
@@ -130,14 +130,15 @@ type AttemptParams struct {
 	Attempt    int
 	Outcome    AttemptOutcome
 	Error      string
-	Keep       int // the newest Keep attempts of the step are kept; at least 1
+	Keep       int    // the newest Keep attempts of the step are kept; at least 1
+	Version    string // the code version the attempt ran on
 }
 
 // StepAttempt records a failed attempt of a step, if the writer holds the run's lease, and
 // deletes the step's attempts beyond the newest Keep.
 func (st *Statements) StepAttempt(p AttemptParams) Stmt {
 	return Stmt{SQL: st.steps.attempt, Args: []any{p.Scope, p.ID, p.Token, p.Seq, p.Name, p.Kind, p.Attempt, string(p.Outcome), p.Error,
-		max(p.Keep, 1)}}
+		max(p.Keep, 1), p.Version}}
 }
 
 // AttemptRow is a failed attempt of a step, as stored.
@@ -148,6 +149,7 @@ type AttemptRow struct {
 	Outcome    AttemptOutcome
 	Error      string
 	At         time.Time
+	Version    string
 }
 
 // RunAttempts reads a run's recorded failed attempts, oldest first.
@@ -158,7 +160,7 @@ func (st *Statements) RunAttempts(ctx context.Context, q Querier, scope, id stri
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptRow, error) {
 		var a AttemptRow
-		err := r.Scan(&a.Seq, &a.Name, &a.Kind, &a.Attempt, &a.Outcome, &a.Error, &a.At)
+		err := r.Scan(&a.Seq, &a.Name, &a.Kind, &a.Attempt, &a.Outcome, &a.Error, &a.At, &a.Version)
 		return a, err
 	})
 }

@@ -21,12 +21,12 @@ func newWaitStatements(t Tables) waitStatements {
 		// about to wait are ordered: whichever locks second sees the other's commit, and a signal
 		// is never missed between the mailbox check and the suspension. Lease renewals and
 		// checkpoints take weaker locks and do not wait for signals.
-		lock: t.render(`SELECT (extract(epoch FROM now()) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8,
+		lock: t.render(`SELECT (extract(epoch FROM {now}) * 1000000)::int8, (extract(epoch FROM deadline) * 1000000)::int8,
 	wait_seq, wait_name, (extract(epoch FROM wake_at) * 1000000)::int8
 FROM {runs} WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'
 FOR UPDATE`),
 
-		consume: t.render(`UPDATE {signals} SET consumed_at = now(), consumed_step = $4
+		consume: t.render(`UPDATE {signals} SET consumed_at = {now}, consumed_step = $4
 WHERE scope = $1 AND id = $2 AND consumed_at IS NULL AND seq = (
 	SELECT seq FROM {signals} WHERE scope = $1 AND id = $2 AND name = $3 AND consumed_at IS NULL ORDER BY seq LIMIT 1
 )
@@ -34,23 +34,23 @@ RETURNING seq, payload`),
 
 		suspend: t.render(`UPDATE {runs} SET state = $4, wait_seq = $5, wait_name = $6,
 	wake_at = 'epoch'::timestamptz + $7::int8 @us, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
-	last_error = NULL, attempts = 0, updated_at = now()
+	last_error = NULL, attempts = 0, updated_at = {now}
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
 		inspect: t.render(`SELECT state, workflow, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0),
-	coalesce(deadline <= now(), false)
+	coalesce(deadline <= {now}, false), coalesce(version, '')
 FROM {runs} WHERE scope = $1 AND id = $2`),
 
 		wake: t.render(`UPDATE {runs} SET state = 'running', lease_token = $5, lease_owner = $6,
-	lease_expires_at = now() + $7::int8 @us, attempts = attempts + 1, updated_at = now()
+	lease_expires_at = {now} + $7::int8 @us, attempts = attempts + 1, attempt_version = $8, updated_at = {now}
 WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND ($4::int4 = 0 OR wait_seq = $4)
 ` + claimReturning),
 
 		timeOut: t.render(`UPDATE {runs} SET state = 'timed_out', output = $4, lease_token = NULL, lease_owner = NULL,
-	lease_expires_at = NULL, last_error = NULL, updated_at = now(), finished_at = now(), expires_at = now() + $5::int8 @us
+	lease_expires_at = NULL, last_error = NULL, updated_at = {now}, finished_at = {now}, expires_at = {now} + $5::int8 @us
 WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
-	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND deadline <= now()`),
+	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND deadline <= {now}`),
 
 		signal: t.render(`WITH run AS (
 	SELECT state, wait_name, wait_seq, (extract(epoch FROM created_at) * 1000000)::int8 AS created,
@@ -71,11 +71,11 @@ SELECT run.state, run.state = 'awaiting' AND run.wait_name IS NOT DISTINCT FROM 
 FROM run`),
 
 		overdue: t.render(`SELECT scope, id, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0)
-FROM {runs} WHERE state IN ('sleeping', 'awaiting') AND least(wake_at, deadline) <= now() - $2::int8 @us
+FROM {runs} WHERE state IN ('sleeping', 'awaiting') AND least(wake_at, deadline) <= {now} - $2::int8 @us
 ORDER BY least(wake_at, deadline) LIMIT $1`),
 
 		setEvent: t.render(`INSERT INTO {events} (scope, id, name, value) VALUES ($1, $2, $3, $4)
-ON CONFLICT (scope, id, name) DO UPDATE SET value = excluded.value, updated_at = now()`),
+ON CONFLICT (scope, id, name) DO UPDATE SET value = excluded.value, updated_at = {now}`),
 
 		getEvent: t.render(`SELECT r.state, e.name IS NOT NULL, e.value
 FROM {runs} r LEFT JOIN {events} e ON e.scope = r.scope AND e.id = r.id AND e.name = $3
@@ -145,12 +145,13 @@ type WaitInspected struct {
 	Created  int64 // µs: the run's generation
 	Seq      int   // the waiting step, 0 for none
 	Overdue  bool  // its deadline has passed
+	Version  string
 }
 
 // WaitInspect reads a run for its wake-up job. ok is false when there is none.
 func (st *Statements) WaitInspect(ctx context.Context, q Querier, scope, id string) (WaitInspected, bool, error) {
 	var w WaitInspected
-	err := q.QueryRow(ctx, st.waits.inspect, scope, id).Scan(&w.State, &w.Workflow, &w.Created, &w.Seq, &w.Overdue)
+	err := q.QueryRow(ctx, st.waits.inspect, scope, id).Scan(&w.State, &w.Workflow, &w.Created, &w.Seq, &w.Overdue, &w.Version)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return WaitInspected{}, false, nil
 	}
@@ -165,12 +166,13 @@ type WakeParams struct {
 	Seq        int
 	Owner      string
 	Lease      time.Duration
+	Version    string // the code version of the waker, which the run's attempt_version becomes
 }
 
 // RunWake takes a waiting run with the caller's lease. ok is false when it no longer waits where
 // the caller was told (another job woke it first, it finished, it was cancelled).
 func (st *Statements) RunWake(ctx context.Context, q Querier, p WakeParams) (Claim, bool, error) {
-	return scanClaim(q.QueryRow(ctx, st.waits.wake, p.Scope, p.ID, p.Generation, p.Seq, p.Token, p.Owner, micros(p.Lease)))
+	return scanClaim(q.QueryRow(ctx, st.waits.wake, p.Scope, p.ID, p.Generation, p.Seq, p.Token, p.Owner, micros(p.Lease), p.Version))
 }
 
 // RunTimeOut finishes a waiting run of generation created whose deadline has passed as timed

@@ -52,6 +52,7 @@ type Set struct {
 	StepDuration   metric.Float64Histogram
 	Resumes        metric.Int64Counter
 	Reconciles     metric.Int64Counter
+	Diverged       metric.Int64Counter
 	Reaped         metric.Int64Counter
 
 	meter metric.Meter
@@ -106,6 +107,8 @@ func newSet(tp trace.TracerProvider, mp metric.MeterProvider) *Set {
 		metric.WithDescription("Runs taken over from an expired lease (or woken), by workflow."))
 	s.Reconciles, _ = m.Int64Counter("idem.workflow.reconciliations", metric.WithUnit("{run}"),
 		metric.WithDescription("Runs handed to the reconcile decision, by reason and decision."))
+	s.Diverged, _ = m.Int64Counter("idem.workflow.nondeterministic", metric.WithUnit("{run}"),
+		metric.WithDescription("Runs failed because their code no longer matched their history, by workflow."))
 	s.Reaped, _ = m.Int64Counter("idem.reaped", metric.WithUnit("{key}"),
 		metric.WithDescription("Expired keys deleted by idem.Reap, by what they were (do, run)."))
 	return s

@@ -1,4 +1,4 @@
-package main_test
+package idemcli_test
 
 import (
 	"encoding/base64"

@@ -1,4 +1,4 @@
-package main
+package idemcli
 
 import (
 	"cmp"
@@ -57,42 +57,30 @@ func riverFlags(fs *flag.FlagSet, c *call) {
 }
 
 type listFlags struct {
-	states, workflows, scope, since, until, after, parent string
-	limit                                                 int
-	attrs                                                 map[string]string
+	states, workflows, versions, scope, since, until, after, parent string
+	limit                                                           int
+	attrs                                                           map[string]string
 }
 
 var runsListCmd = &command{
 	name:    "runs list",
 	summary: "List runs, newest first.",
 	help: "--since and --until take an RFC 3339 time or a duration before now (24h, 90m).\n" +
-		"--state and --workflow take a comma-separated list. --parent lists the children of the\n" +
-		"run with that ID in --scope. When more runs match than --limit, the last line gives\n" +
-		"the --after cursor of the next page.",
+		"--state, --workflow and --version take a comma-separated list. --parent lists the\n" +
+		"children of the run with that ID in --scope. When more runs match than --limit, the\n" +
+		"last line gives the --after cursor of the next page.",
 	flags: func(fs *flag.FlagSet, c *call) {
-		fs.StringVar(&c.list.states, "state", "", "only runs in these states (running,done,failed,cancelled,...)")
-		fs.StringVar(&c.list.workflows, "workflow", "", "only runs of these workflows")
-		fs.StringVar(&c.list.scope, "scope", "", "only runs in this scope")
-		fs.StringVar(&c.list.since, "since", "", "only runs created at or after this time")
-		fs.StringVar(&c.list.until, "until", "", "only runs created before this time")
+		filterFlags(fs, c)
 		fs.IntVar(&c.list.limit, "limit", workflow.DefaultRunListLimit, fmt.Sprintf("page size, at most %d", workflow.MaxRunListLimit))
 		fs.StringVar(&c.list.after, "after", "", "cursor of the page before, from the previous listing")
 		fs.StringVar(&c.list.parent, "parent", "", "only the children of the run with this ID (in --scope)")
-		fs.Func("attr", "only runs with attribute `k=v` (repeat for several)", func(v string) error {
-			k, val, ok := strings.Cut(v, "=")
-			if !ok || k == "" || val == "" {
-				return fmt.Errorf("--attr %q is not KEY=VALUE (both non-empty)", v)
-			}
-			if c.list.attrs == nil {
-				c.list.attrs = map[string]string{}
-			}
-			c.list.attrs[k] = val
-			return nil
-		})
 	},
 	run: func(ctx context.Context, c *call) error {
-		p := &workflow.RunListParams{Scope: c.list.scope, Limit: c.list.limit, After: c.list.after, Workflows: splitList(c.list.workflows),
-			Attributes: c.list.attrs}
+		p, err := c.listParams()
+		if err != nil {
+			return err
+		}
+		p.Limit, p.After = c.list.limit, c.list.after
 		if c.list.parent != "" {
 			if c.list.scope == "" {
 				return usagef("--parent needs --scope: a run's children are in its scope")
@@ -102,19 +90,6 @@ var runsListCmd = &command{
 				return err
 			}
 			p.Parent = &parent
-		}
-		for _, s := range splitList(c.list.states) {
-			if !slices.Contains(states, workflow.RunState(s)) {
-				return usagef("--state %q is not a state of a run; the states are %s", s, strings.Join(stateNames(), ", "))
-			}
-			p.States = append(p.States, workflow.RunState(s))
-		}
-		var err error
-		if p.Since, err = parseTime("since", c.list.since); err != nil {
-			return err
-		}
-		if p.Until, err = parseTime("until", c.list.until); err != nil {
-			return err
 		}
 		if c.list.limit < 1 || c.list.limit > workflow.MaxRunListLimit {
 			return usagef("--limit must be between 1 and %d (got %d)", workflow.MaxRunListLimit, c.list.limit)
@@ -131,9 +106,10 @@ var runsListCmd = &command{
 				return c.printJSON(res)
 			}
 			t := newTable(c.stdout)
-			t.row("CREATED", "SCOPE", "ID", "WORKFLOW", "STATE", "ATTEMPTS", "ERROR")
+			t.row("CREATED", "SCOPE", "ID", "WORKFLOW", "VERSION", "STATE", "ATTEMPTS", "ERROR")
 			for _, r := range res.Runs {
-				t.row(stamp(r.Created), r.Scope, r.ID, r.Workflow, string(r.State), strconv.Itoa(r.Attempts), orDash(clip(cmp.Or(r.Error, r.LastError), 80)))
+				t.row(stamp(r.Created), r.Scope, r.ID, r.Workflow, orDash(clip(r.Version, 12)), string(r.State), strconv.Itoa(r.Attempts),
+					orDash(clip(cmp.Or(r.Error, r.LastError), 80)))
 			}
 			t.flush()
 			if res.Next != "" {
@@ -172,6 +148,10 @@ var runsShowCmd = &command{
 			t.row("workflow", r.Workflow)
 			t.row("state", string(r.State))
 			t.row("attempts", strconv.Itoa(r.Attempts))
+			t.row("version", orDash(r.Version))
+			if r.AttemptVersion != "" && r.AttemptVersion != r.Version {
+				t.row("attempt version", r.AttemptVersion)
+			}
 			lease := "-"
 			if r.LeaseOwner != "" || r.LeaseExpires != nil {
 				lease = orDash(r.LeaseOwner) + " until " + stampPtr(r.LeaseExpires)
@@ -197,6 +177,16 @@ var runsShowCmd = &command{
 			t.row("finished", stampPtr(r.Finished))
 			t.row("expires", stampPtr(r.Expires))
 			t.row("input", clip(string(r.Input), 200))
+			if r.Reason != "" {
+				t.row("reason", string(r.Reason))
+			}
+			if d := r.Divergence; d != nil {
+				called := "returned"
+				if d.CalledKind != "" {
+					called = fmt.Sprintf("called %s %q", d.CalledKind, d.CalledName)
+				}
+				t.row("diverged", fmt.Sprintf("at step %d: the history has %s %q, the code %s", d.Seq, d.StoredKind, d.StoredName, called))
+			}
 			switch {
 			case r.Error != "":
 				t.row("error", r.Error)
@@ -335,6 +325,47 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// filterFlags are the flags that select runs, of runs list, export and check.
+func filterFlags(fs *flag.FlagSet, c *call) {
+	fs.StringVar(&c.list.states, "state", "", "only runs in these states (running,done,failed,cancelled,...)")
+	fs.StringVar(&c.list.workflows, "workflow", "", "only runs of these workflows")
+	fs.StringVar(&c.list.versions, "version", "", "only runs started by these code versions (workflow.Config.Version)")
+	fs.StringVar(&c.list.scope, "scope", "", "only runs in this scope")
+	fs.StringVar(&c.list.since, "since", "", "only runs created at or after this time")
+	fs.StringVar(&c.list.until, "until", "", "only runs created before this time")
+	fs.Func("attr", "only runs with attribute `k=v` (repeat for several)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" || val == "" {
+			return fmt.Errorf("--attr %q is not KEY=VALUE (both non-empty)", v)
+		}
+		if c.list.attrs == nil {
+			c.list.attrs = map[string]string{}
+		}
+		c.list.attrs[k] = val
+		return nil
+	})
+}
+
+// listParams reads the flags of filterFlags.
+func (c *call) listParams() (*workflow.RunListParams, error) {
+	p := &workflow.RunListParams{Scope: c.list.scope, Workflows: splitList(c.list.workflows), Versions: splitList(c.list.versions),
+		Attributes: c.list.attrs}
+	for _, s := range splitList(c.list.states) {
+		if !slices.Contains(states, workflow.RunState(s)) {
+			return nil, usagef("--state %q is not a state of a run; the states are %s", s, strings.Join(stateNames(), ", "))
+		}
+		p.States = append(p.States, workflow.RunState(s))
+	}
+	var err error
+	if p.Since, err = parseTime("since", c.list.since); err != nil {
+		return nil, err
+	}
+	if p.Until, err = parseTime("until", c.list.until); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 func splitList(s string) []string {

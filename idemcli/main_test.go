@@ -1,4 +1,4 @@
-package main_test
+package idemcli_test
 
 import (
 	"bytes"
@@ -63,7 +63,7 @@ func bundle(t *testing.T, bin, url string) *testBundle {
 func build(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "idem")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/idem").CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	return bin
 }
@@ -275,7 +275,8 @@ func TestCLI(t *testing.T) {
 			}
 			return "paid", nil
 		})
-		e, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{wf}, Lease: time.Second, ScanInterval: time.Second, Logger: quiet()})
+		e, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{wf}, Lease: time.Second, ScanInterval: time.Second, Logger: quiet(),
+			Version: "v1"})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = e.Close() })
 		workers := river.NewWorkers()
@@ -298,16 +299,22 @@ func TestCLI(t *testing.T) {
 		require.ErrorIs(t, err, workflow.ErrFailed)
 
 		out := b.ok(t, "runs", "list")
-		require.Regexp(t, `(?m)^CREATED\s+SCOPE\s+ID\s+WORKFLOW\s+STATE\s+ATTEMPTS\s+ERROR$`, out)
-		require.Regexp(t, `(?m)merchant:7\s+payout-1\s+payout\s+failed\s+1\s+.*card processor down`, out)
+		require.Regexp(t, `(?m)^CREATED\s+SCOPE\s+ID\s+WORKFLOW\s+VERSION\s+STATE\s+ATTEMPTS\s+ERROR$`, out)
+		require.Regexp(t, `(?m)merchant:7\s+payout-1\s+payout\s+v1\s+failed\s+1\s+.*card processor down`, out)
 		var page workflow.RunListResult
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--state", "failed,cancelled", "--workflow", "payout", "--since", "1h", "--json")), &page))
 		require.Len(t, page.Runs, 1)
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--state", "done", "--json")), &page))
 		require.Empty(t, page.Runs)
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--version", "v0,v1", "--json")), &page))
+		require.Len(t, page.Runs, 1)
+		require.Equal(t, "v1", page.Runs[0].Version)
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--version", "v2", "--json")), &page))
+		require.Empty(t, page.Runs)
 
 		out = b.ok(t, "runs", "show", "merchant:7", "payout-1")
 		require.Regexp(t, `(?m)^state\s+failed$`, out)
+		require.Regexp(t, `(?m)^version\s+v1$`, out)
 		require.Regexp(t, `(?m)^1\s+reserve\s+call\s+1\s+\S+\s+"reserve ok"$`, out)
 		require.Regexp(t, `(?m)^2\s+charge\s+call\s+1\s+\S+\s+error: card processor down$`, out)
 		require.Regexp(t, `(?m)^SEQ\s+STEP\s+ATTEMPT\s+AT\s+OUTCOME\s+ERROR$`, out, "every failed attempt is shown")
@@ -347,6 +354,21 @@ INSERT INTO idem_runs (scope, id, workflow, state, lease_expires_at) VALUES ('me
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "show", "merchant:7", "stuck", "--json")), &run))
 		require.Equal(t, workflow.RunStateCancelled, run.State)
 		require.Equal(t, "duplicate payout", run.Error)
+
+		// A run whose code diverged from its history says where, and what to do.
+		_, err = b.pool.Exec(b.ctx, `
+INSERT INTO idem_keys (scope, id, workflow, expires_at) VALUES ('merchant:8', 'diverged', 'payout', 'infinity');
+INSERT INTO idem_runs (scope, id, workflow, state, output, finished_at, expires_at) VALUES ('merchant:8', 'diverged', 'payout', 'failed',
+	convert_to('{"error": "workflow payout diverged ...; put the change behind workflow.Patched", "reason": "nondeterministic",
+	  "divergence": {"seq": 2, "stored_kind": "sleep", "stored_name": "cool-off", "called_kind": "call", "called_name": "fraud-check"}}', 'UTF8'),
+	now(), now() + interval '1 hour')`)
+		require.NoError(t, err)
+		out = b.ok(t, "runs", "show", "merchant:8", "diverged")
+		require.Regexp(t, `(?m)^reason\s+nondeterministic$`, out)
+		require.Regexp(t, `(?m)^diverged\s+at step 2: the history has sleep "cool-off", the code called call "fraud-check"$`, out)
+		require.Regexp(t, `(?m)^error\s+.*workflow.Patched$`, out)
+		_, err = b.pool.Exec(b.ctx, `DELETE FROM idem_runs WHERE id = 'diverged'; DELETE FROM idem_keys WHERE id = 'diverged'`)
+		require.NoError(t, err)
 
 		// Paging: three runs, one to a page.
 		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "runs", "list", "--limit", "1", "--json")), &page))
