@@ -59,9 +59,15 @@ func (e *Engine) poke() {
 // fireSchedules starts the runs of every due tick, one schedule per transaction, until none is
 // due (at most maxFiringsPerPass schedules; the loop comes back at once for the rest).
 func (e *Engine) fireSchedules(ctx context.Context) error {
+	_, err := e.firePass(ctx)
+	return err
+}
+
+// firePass is fireSchedules, and says how many schedules it fired.
+func (e *Engine) firePass(ctx context.Context) (fired int, err error) {
 	jobs, err := e.jobs(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// A schedule that fails to fire is passed over for the rest of the pass, so that it does not
 	// hold up the ones due after it; it is tried again at the next pass.
@@ -71,14 +77,16 @@ func (e *Engine) fireSchedules(ctx context.Context) error {
 		name, err := e.fireOne(ctx, jobs, failed)
 		switch {
 		case err != nil && name == "":
-			return errors.Join(append(errs, err)...)
+			return fired, errors.Join(append(errs, err)...)
 		case err != nil:
 			failed, errs = append(failed, name), append(errs, err)
 		case name == "":
-			return errors.Join(errs...)
+			return fired, errors.Join(errs...)
+		default:
+			fired++
 		}
 	}
-	return errors.Join(errs...)
+	return fired, errors.Join(errs...)
 }
 
 // fireOne fires one due schedule but for those named in except, and returns its name: "" when

@@ -52,6 +52,9 @@ func init() {
 		}
 		return fmt.Errorf("workflow: no worker for jobs of kind %q", kind)
 	}
+	wfseam.FireSchedules = func(ctx context.Context, engine any) (int, error) {
+		return engine.(*Engine).firePass(ctx)
+	}
 	wfseam.Snoozed = func(err error) (time.Duration, bool) {
 		var snooze *rivertype.JobSnoozeError
 		if errors.As(err, &snooze) {

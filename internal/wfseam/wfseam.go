@@ -50,6 +50,11 @@ var (
 	// Snoozed reports true.
 	Work func(ctx context.Context, engine any, kind string, args []byte) error
 
+	// FireSchedules fires the due schedules of engine (a *workflow.Engine), as one pass of its
+	// scheduler does: each due tick's run is started, and its resume job given to the JobSink.
+	// It returns how many schedules it fired.
+	FireSchedules func(ctx context.Context, engine any) (int, error)
+
 	// Snoozed reports whether err is a job's request to be run again later, and when.
 	Snoozed func(err error) (time.Duration, bool)
 

@@ -3,8 +3,8 @@
 // A test [Engine] runs workflows with the engine of package workflow itself (the same code that
 // runs them in production: the start contract, the history, the retries, the waits) against a
 // real Postgres, with a virtual clock and without River. The test moves the clock with
-// [Engine.Advance], and every sleep, await timeout and deadline that falls due on the way fires,
-// in order, within that call; signals are sent with [Engine.Signal]; the functions of Call steps
+// [Engine.Advance], and every sleep, await timeout, deadline and schedule tick that falls due on
+// the way fires, in order, within that call; signals are sent with [Engine.Signal]; the functions of Call steps
 // are replaced, by step name, with fakes ([Config.Fakes]). A workflow that sleeps thirty days
 // and then awaits a signal for a week is tested in milliseconds:
 //

@@ -64,8 +64,9 @@ type Config struct {
 type Fake func(ctx context.Context, key string) (any, error)
 
 // Engine is a workflow engine for tests: the same engine code as production's, on a real
-// Postgres, with a virtual clock that the test moves, and without River. Sleeps, await timeouts
-// and deadlines fire when the clock reaches them ([Engine.Advance]); the jobs that River would
+// Postgres, with a virtual clock that the test moves, and without River. Sleeps, await timeouts,
+// deadlines and the ticks of schedules (workflow.Workflow.Schedule) fire when the clock reaches
+// them ([Engine.Advance]); the jobs that River would
 // work (wake-ups, the runs of StartTx, RunResume and RunFork) run within the call that makes them
 // due, so that when it returns, every run has gone as far as it can.
 //
@@ -183,9 +184,11 @@ func (te *Engine) Now() time.Time { return time.UnixMicro(te.now.Load()) }
 //	err := te.Advance(ctx, -time.Hour) // errors.Is(err, workflowtest.ErrClockBackwards)
 var ErrClockBackwards = errors.New("workflowtest: the virtual clock only moves forward")
 
-// Advance moves the virtual clock d forward, through every wake-up, await timeout and deadline
-// that falls due on the way, in the order they fall due: the clock stops at each, and the run it
-// wakes goes on (until its end or its next wait) before the clock moves on. A negative d is
+// Advance moves the virtual clock d forward, through every wake-up, await timeout, deadline and
+// schedule tick that falls due on the way, in the order they fall due: the clock stops at each,
+// and the run it wakes or starts goes on (until its end or its next wait) before the clock moves
+// on. A schedule fires as the production scheduler fires it (its overlap and catch-up policies,
+// its time zone), with the virtual clock's time. A negative d is
 // refused with ErrClockBackwards.
 //
 //	require.NoError(t, te.Advance(ctx, 7*24*time.Hour)) // the await's timeout fires
@@ -211,24 +214,58 @@ func (te *Engine) AdvanceTo(ctx context.Context, t time.Time) error {
 	return te.advanceTo(ctx, t)
 }
 
-// advanceTo moves the clock to t through the jobs due on the way; the caller holds te.mu.
+// advanceTo moves the clock to t through the jobs and schedule ticks due on the way, the
+// earliest first; the caller holds te.mu.
 func (te *Engine) advanceTo(ctx context.Context, t time.Time) error {
-	for {
-		job, ok, err := te.st.TestJobTake(ctx, te.db, t)
+	for idle := 0; ; {
+		// A schedule tick due before the next job is fired first: the clock stops at the tick,
+		// and the run it starts is a job due then.
+		until, tick := t, false
+		if next, ok, err := te.nextTick(ctx); err != nil {
+			return err
+		} else if ok && !next.After(t) {
+			until, tick = next, true
+		}
+		job, ok, err := te.st.TestJobTake(ctx, te.db, until)
 		if err != nil {
 			return fmt.Errorf("workflowtest: error reading the engine's jobs: %w", err)
 		}
-		if !ok {
-			break
-		}
-		if err := te.setClock(ctx, job.RunAt); err != nil {
-			return err
-		}
-		if err := te.work(ctx, job); err != nil {
-			return err
+		switch {
+		case ok:
+			if err := te.setClock(ctx, job.RunAt); err != nil {
+				return err
+			}
+			if err := te.work(ctx, job); err != nil {
+				return err
+			}
+		case tick:
+			if err := te.setClock(ctx, until); err != nil {
+				return err
+			}
+			fired, err := wfseam.FireSchedules(ctx, te.engine)
+			if err != nil {
+				return fmt.Errorf("workflowtest: %w", err)
+			}
+			// A schedule that stays due without firing (another engine on the database holds it)
+			// would keep the clock here for ever.
+			if idle = idle + 1; fired > 0 {
+				idle = 0
+			} else if idle == 3 {
+				return fmt.Errorf("workflowtest: a schedule due at %s does not fire: is another engine firing this database's schedules?", until.Format(time.RFC3339Nano))
+			}
+		default:
+			return te.setClock(ctx, t)
 		}
 	}
-	return te.setClock(ctx, t)
+}
+
+// nextTick says when the earliest active schedule's next tick is due, by the virtual clock.
+func (te *Engine) nextTick(ctx context.Context) (time.Time, bool, error) {
+	d, ok, err := te.st.ScheduleNextDue(ctx, te.db, nil)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("workflowtest: error reading the schedules: %w", err)
+	}
+	return te.Now().Add(d), ok, nil
 }
 
 // RunDue runs the jobs that are due without moving the clock: the run a StartTx, RunResume or
