@@ -13,9 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemriver"
 	"github.com/idemkit/idem/workflow"
 )
 
@@ -120,15 +119,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 }
 
 func migrateOnce(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
-	if err := idem.Migrate(ctx, pool); err != nil {
+	// idem's tables and River's, under one lock, as every process that starts should.
+	if err := idemriver.Migrate(ctx, pool, &idemriver.MigrateConfig{Logger: logger}); err != nil {
 		return err
-	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
-	if err != nil {
-		return err
-	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return fmt.Errorf("error migrating River: %w", err)
 	}
 	// Two bank processes starting at once (a restart while the old one dies) would race on
 	// CREATE TABLE IF NOT EXISTS, which is not safe against itself.
