@@ -1,0 +1,4 @@
+package workflow
+
+// TraceIDOf is traceID, for TestTraceID.
+var TraceIDOf = traceID
