@@ -92,9 +92,9 @@ func TestTraceID(t *testing.T) {
 		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01": "0af7651916cd43dd8448eb211c80319c",
 		"00-00000000000000000000000000000000-b7ad6b7169203331-01": "",
 		"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01": "",
-		"<script>":         "",
-		"":                 "",
-		"00-abc-def-01":    "",
+		"<script>":      "",
+		"":              "",
+		"00-abc-def-01": "",
 		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331": "",
 	} {
 		require.Equal(t, want, workflow.TraceIDOf(tp), tp)

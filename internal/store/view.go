@@ -31,7 +31,7 @@ var countedStates = []RunState{RunRunning, RunQueued, RunSleeping, RunAwaiting, 
 // viewStatements are the texts of the view's statements, built once per schema.
 type viewStatements struct {
 	estimateAll, countAll, countIndexed, signals, events, trace string
-	estimateState                                            map[RunState]string
+	estimateState                                               map[RunState]string
 }
 
 var views sync.Map // *Statements -> *viewStatements
