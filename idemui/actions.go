@@ -117,6 +117,9 @@ func (h *Handler) confirmData(q url.Values) (*confirmData, error) {
 		if d.Name == "" {
 			return nil, badf("name", "missing: name the schedule")
 		}
+		if strings.ContainsFunc(d.Name, func(r rune) bool { return r < 0x21 || r > 0x7e }) {
+			return nil, badf("name", "%q is not a schedule's name: a name is printable ASCII without spaces", d.Name)
+		}
 		d.Back = h.link("/schedules")
 	}
 	return d, nil

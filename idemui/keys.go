@@ -66,6 +66,10 @@ func (h *Handler) schedulesPage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	d := &schedulesData{Workflow: q.Get("workflow"), After: q.Get("after")}
 	params := &workflow.ScheduleListParams{After: d.After, Limit: h.opts.PageSize}
+	if strings.ContainsFunc(d.Workflow, hidden) {
+		h.badRequest(w, r, badf("workflow", "%q has a control character; a workflow's name has none", d.Workflow))
+		return
+	}
 	for wf := range strings.SplitSeq(d.Workflow, ",") {
 		if wf = strings.TrimSpace(wf); wf != "" {
 			params.Workflows = append(params.Workflows, wf)

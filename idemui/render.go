@@ -43,7 +43,7 @@ func (h *Handler) parsePages() error {
 // render writes a page, whole or not at all: a template that fails half way writes an error
 // page instead of half a page.
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name string, p *page) {
-	p.Prefix, p.Actions = h.opts.Prefix, h.opts.AllowActions
+	p.Prefix, p.Actions, p.Title = h.opts.Prefix, h.opts.AllowActions, clip(visible(p.Title), 120)
 	if d := r.URL.Query().Get("done"); doneMessages[d] != "" {
 		p.Done = doneMessages[d]
 	}
@@ -90,10 +90,10 @@ func (h *Handler) funcs() template.FuncMap {
 		"json":     h.prettyJSON,
 		"clipped":  func(b []byte) bool { return len(b) > h.opts.ClipBytes },
 		"size":     byteSize,
-		"text":     visible,
-		"short":    func(s string, n int) string { return clip(visible(s), n) },
+		"text":     func(v any) string { return visible(fmt.Sprint(v)) },
+		"short":    func(v any, n int) string { return clip(visible(fmt.Sprint(v)), n) },
 		"traceURL": h.traceURL,
-		"add":      func(a, b int) int { return a + b },
+		"cls":      class,
 	}
 }
 
@@ -211,6 +211,16 @@ func visible(s string) string {
 
 func hidden(r rune) bool {
 	return r != '\n' && r != '\t' && (unicode.IsControl(r) || r == utf8.RuneError || unicode.Is(unicode.Cf, r))
+}
+
+// class is a stored state or outcome as a CSS class name: a stored string that is not one of
+// ours becomes "other", rather than a class the sheet never meant.
+func class(v any) string {
+	s := fmt.Sprint(v)
+	if s == "" || strings.Trim(s, "abcdefghijklmnopqrstuvwxyz_") != "" {
+		return "other"
+	}
+	return s
 }
 
 func clip(s string, n int) string {

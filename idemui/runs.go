@@ -52,6 +52,9 @@ func (h *Handler) parseRunFilter(q url.Values) (*runFilter, *workflow.RunListPar
 			}
 		}
 	}
+	if strings.ContainsFunc(f.Workflow, hidden) {
+		return f, nil, badf("workflow", "%q has a control character; a workflow's name has none", f.Workflow)
+	}
 	for w := range strings.SplitSeq(f.Workflow, ",") {
 		if w = strings.TrimSpace(w); w != "" {
 			p.Workflows = append(p.Workflows, w)
