@@ -141,6 +141,7 @@ type runsData struct {
 	Filter  *runFilter
 	Counts  []workflow.RunCount
 	Total   int64
+	Approx  bool // Total holds an estimate
 	States  []workflow.RunState
 	Runs    []*workflow.RunRow
 	Next    []any // the next page's query, nil on the last
@@ -175,6 +176,7 @@ func (h *Handler) runsPage(w http.ResponseWriter, r *http.Request) {
 		Filters: len(f.States) > 0 || f.Workflow != "" || f.Scope != "" || len(f.Attrs) > 0 || f.Since != "" || f.Until != ""}
 	for _, c := range counts {
 		d.Total += c.N
+		d.Approx = d.Approx || c.Estimated
 	}
 	if res.Next != "" {
 		d.Next = f.query(res.Next)
