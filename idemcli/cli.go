@@ -2,8 +2,8 @@
 // migrates the schema, reads, lists and forgets keys of idem.Do, lists, shows, cancels,
 // resumes, forks and exports workflow runs, checks stored runs against workflow code, lists,
 // pauses, resumes, triggers, backfills and deletes schedules, lists, shows, retries and skips
-// outbox messages, and reaps what has expired. It is a
-// thin shell over the library's own functions (idem.KeyGet, idem.KeyList, Engine.RunList,
+// outbox messages, reaps what has expired, and serves the web view (idem ui, package idemui). It
+// is a thin shell over the library's own functions (idem.KeyGet, idem.KeyList, Engine.RunList,
 // Engine.RunCancel, ...), so it does exactly what a program calling them would.
 //
 //	idem migrate
@@ -17,6 +17,7 @@
 //	idem schedules pause nightly-settlement --note "bank holiday"
 //	idem outbox list --status stopped
 //	idem outbox retry 01937b9e-5a4c-7c3e-9b6e-2f1d4c5a6b7c
+//	idem ui --listen 127.0.0.1:8081 --basic-auth ops:secret --allow-actions
 //
 // An application builds its own command with its workflows in it, for idem runs check, which
 // replays stored runs against the code (Config.Workflows), and is the stock command otherwise:
@@ -124,6 +125,7 @@ type call struct {
 	sched       scheduleFlags
 	keyList     keyListFlags
 	outbox      outboxFlags
+	ui          uiFlags
 }
 
 // usageError is a wrong command line: exit code 2.
@@ -135,7 +137,7 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 
 var commands = []*command{migrateCmd, keysGetCmd, keysListCmd, keysDeleteCmd, runsListCmd, runsShowCmd, runsCancelCmd, runsResumeCmd, runsForkCmd, runsExportCmd, runsCheckCmd, reapCmd,
 	schedulesListCmd, schedulesShowCmd, schedulesPauseCmd, schedulesResumeCmd, schedulesTriggerCmd, schedulesBackfillCmd, schedulesDeleteCmd,
-	outboxListCmd, outboxShowCmd, outboxRetryCmd, outboxSkipCmd}
+	outboxListCmd, outboxShowCmd, outboxRetryCmd, outboxSkipCmd, uiCmd}
 
 func run(ctx context.Context, argv []string, stdout, stderr io.Writer, cfg *Config) int {
 	if len(argv) == 0 {
