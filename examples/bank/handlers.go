@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/idemui"
 	"github.com/idemkit/idem/workflow"
 )
 
@@ -78,8 +79,18 @@ func (a *app) routes() (http.Handler, error) {
 	mux.HandleFunc("POST /payouts", a.createPayout)
 	mux.HandleFunc("POST /webhooks/provider", a.providerWebhook)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	// The web view of the bank's payouts and keys, read-only. A real service mounts it behind its
+	// operators' own authentication.
+	ops, err := idemui.NewHandler(a.engine, &idemui.Options{Prefix: opsPrefix, Logger: a.log})
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle(opsPrefix+"/", ops)
 	return mux, nil
 }
+
+// opsPrefix is where the bank mounts idemui.
+const opsPrefix = "/ops/idem"
 
 type account struct {
 	ID      int64  `json:"id"`

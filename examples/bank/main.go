@@ -225,6 +225,7 @@ try it (each POST may be sent again with the same Idempotency-Key: it runs once)
   curl -si -XPOST %[1]s/payouts -H 'X-Customer: bob' -H 'Idempotency-Key: p-1' \
        -H 'Content-Type: application/json' -d '{"account":2,"amount":50}'
   curl -s %[1]s/accounts/1 -H 'X-Customer: alice'
+  # then the payouts in a browser (idemui, read-only): %[1]s%[2]s/runs
 
-`, base)
+`, base, opsPrefix)
 }

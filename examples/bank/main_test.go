@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -123,6 +124,25 @@ func TestCurlLines(t *testing.T) {
 	}
 	if balance != 900 || stored != 0 {
 		t.Errorf("after bob's attempt alice has %d (want 900) and %d answers are stored under his key (want 0)", balance, stored)
+	}
+	// The last line's view: bob's payout is listed, and the view refuses to act.
+	view := strings.Fields(curlLines(a.url)[strings.LastIndex(curlLines(a.url), "http://"):])[0]
+	resp, err := http.Get(view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "p-1") || !strings.Contains(string(body), "read-only") {
+		t.Errorf("GET %s: %d, want 200 listing p-1, read-only: %s", view, resp.StatusCode, body)
+	}
+	resp, err = http.PostForm(a.url+opsPrefix+"/action", url.Values{"action": {"cancel"}, "scope": {"customer:bob"}, "id": {"p-1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("POST %s/action: %d, want 403", opsPrefix, resp.StatusCode)
 	}
 }
 
