@@ -91,6 +91,7 @@ var imports = []string{
 	"github.com/idemkit/idem/workflow", "github.com/idemkit/idem/steps", "github.com/idemkit/idem/idemriver",
 	"github.com/idemkit/idem/outbox",
 	"github.com/idemkit/idem/workflow/workflowtest", "github.com/idemkit/idem/idemcli", "os", "testing",
+	"github.com/idemkit/idem/idemui",
 	// Modules of their own, reached through go.work.
 	"github.com/idemkit/idem/idemgrpc", "google.golang.org/grpc",
 	"github.com/idemkit/idem/outbox/natspub", "github.com/nats-io/nats.go/jetstream",
@@ -105,6 +106,9 @@ var (
 	r    *http.Request
 
 	pay  http.Handler
+
+	// A web view: your own check in front of it.
+	requireOperator func(http.Handler) http.Handler
 
 	// idem.Do in fifteen lines, and Workflows
 	customerID string
@@ -241,6 +245,7 @@ var anyExport = map[string]string{
 	"github.com/nats-io/nats.go/jetstream": "New",
 	"github.com/idemkit/idem/steps":        "Permanent", "github.com/idemkit/idem/workflow/workflowtest": "New",
 	"github.com/idemkit/idem/idemcli": "Main", "os": "Exit", "testing": "Short",
+	"github.com/idemkit/idem/idemui": "NewHandler",
 }
 
 // newImporter reads the packages' export data, which go list builds (and caches) for it. An
