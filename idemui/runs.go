@@ -256,19 +256,28 @@ type runData struct {
 	Failed   int // failed attempts in all
 }
 
+// runGet reads the run under key, or answers 404 (no such run) or 500 and returns false.
+func (h *Handler) runGet(w http.ResponseWriter, r *http.Request, key idem.Key) (*workflow.RunRow, bool) {
+	run, err := h.engine.RunGet(r.Context(), key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		h.fail(w, r, http.StatusNotFound, err.Error())
+		return nil, false
+	case err != nil:
+		h.internal(w, r, err)
+		return nil, false
+	}
+	return run, true
+}
+
 func (h *Handler) runPage(w http.ResponseWriter, r *http.Request) {
 	key, err := runKey(r.URL.Query())
 	if err != nil {
 		h.badRequest(w, r, err)
 		return
 	}
-	run, err := h.engine.RunGet(r.Context(), key)
-	if errors.Is(err, idem.ErrNotFound) {
-		h.fail(w, r, http.StatusNotFound, err.Error())
-		return
-	}
-	if err != nil {
-		h.internal(w, r, err)
+	run, ok := h.runGet(w, r, key)
+	if !ok {
 		return
 	}
 	act, err := h.engine.RunActivity(r.Context(), key)
@@ -340,13 +349,8 @@ func (h *Handler) runJSON(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, "part: give input, output or step")
 		return
 	}
-	run, err := h.engine.RunGet(r.Context(), key)
-	if errors.Is(err, idem.ErrNotFound) {
-		h.fail(w, r, http.StatusNotFound, err.Error())
-		return
-	}
-	if err != nil {
-		h.internal(w, r, err)
+	run, ok := h.runGet(w, r, key)
+	if !ok {
 		return
 	}
 	var body []byte
