@@ -91,6 +91,7 @@ func TestPages(t *testing.T) {
 		res = get(t, h, "/run?scope=customer:bob&id=p-1")
 		require.Contains(t, res.body, `id="state">done<`)
 		require.Contains(t, res.body, "<progress", "the steps' durations")
+		require.NotContains(t, res.body, `title="copied from`, "a run's first step is its own, though stamped before the run")
 		require.Contains(t, res.body, "&#34;charge&#34;: &#34;ch_", "the output, pretty")
 
 		res = get(t, h, "/run?scope=customer:bob&id=w-1")

@@ -303,17 +303,36 @@ func (h *Handler) runPage(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "run", p)
 }
 
+// copiedMargin: see copiedSteps.
+const copiedMargin = 50 * time.Millisecond
+
+// copiedSteps counts the steps at the head of a run's history that a fork copied from another
+// run: they keep their own times, from before the fork made this run. Only a run's first step
+// can otherwise be older than the run (it is stamped when its transaction began, a moment
+// before the statement that wrote the run), so a first step alone counts as copied only when it
+// is older than the run by more than copiedMargin.
+func copiedSteps(run *workflow.RunRow) int {
+	n := 0
+	for n < len(run.Steps) && run.Steps[n].Created.Before(run.Created) {
+		n++
+	}
+	if n == 1 && !run.Steps[0].Created.Before(run.Created.Add(-copiedMargin)) {
+		return 0
+	}
+	return n
+}
+
 // timeline puts a run's completed steps and its failed attempts in the order of its steps.
 func timeline(run *workflow.RunRow) []stepView {
 	var out []stepView
 	prev := run.Created
-	for _, s := range run.Steps {
+	copied := copiedSteps(run)
+	for i, s := range run.Steps {
 		at := s.Created
-		v := stepView{Seq: s.Seq, Name: s.Name, Kind: s.Kind, Attempts: s.Attempts, Output: s.Output, Error: s.Error, At: &at, Done: true}
-		if at.Before(run.Created) {
-			v.Copied = true
-		} else {
-			v.Took = at.Sub(prev)
+		v := stepView{Seq: s.Seq, Name: s.Name, Kind: s.Kind, Attempts: s.Attempts, Output: s.Output, Error: s.Error, At: &at, Done: true,
+			Copied: i < copied}
+		if !v.Copied {
+			v.Took = max(at.Sub(prev), 0)
 			prev = at
 		}
 		out = append(out, v)
