@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemui"
+	"github.com/idemkit/idem/workflow"
 )
 
 func TestPages(t *testing.T) {
@@ -110,6 +111,21 @@ func TestPages(t *testing.T) {
 		require.Equal(t, "70", res.body)
 		require.Equal(t, http.StatusBadRequest, get(t, h, "/run/json?scope=customer:bob&id=p-1&part=secret").status)
 		require.Equal(t, http.StatusNotFound, get(t, h, "/run/json?scope=customer:bob&id=p-1&part=step&seq=9").status)
+	})
+
+	t.Run("Clipped", func(t *testing.T) {
+		long := strings.Repeat("declined ", 40)
+		_, err := failWF.Run(b.ctx, b.engine, idem.Key{Scope: "customer:eve", ID: "f-long"}, long, nil)
+		require.ErrorIs(t, err, workflow.ErrFailed)
+		small := b.handler(t, &idemui.Options{ClipBytes: 64})
+		res := get(t, small, "/run?scope=customer:eve&id=f-long")
+		require.Equal(t, http.StatusOK, res.status)
+		input := between(t, res.body, `<pre class="json">`, `</pre>`)
+		require.Less(t, len(input), 80, "the input is clipped at 64 bytes")
+		require.True(t, strings.HasSuffix(input, "…"))
+		require.Contains(t, res.body, "download all 362 B")
+		res = get(t, small, "/run/json?scope=customer:eve&id=f-long&part=input")
+		require.Equal(t, `"`+long+`"`, res.body, "the whole value")
 	})
 
 	t.Run("Keys", func(t *testing.T) {

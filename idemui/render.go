@@ -87,8 +87,8 @@ func (h *Handler) funcs() template.FuncMap {
 		"timep":    stampPtr,
 		"ago":      ago,
 		"dur":      duration,
-		"json":     h.prettyJSON,
-		"clipped":  func(b []byte) bool { return len(b) > h.opts.ClipBytes },
+		"json":     func(b []byte) string { s, _ := h.prettyJSON(b); return s },
+		"clipped":  func(b []byte) bool { _, clipped := h.prettyJSON(b); return clipped },
 		"size":     byteSize,
 		"text":     func(v any) string { return visible(fmt.Sprint(v)) },
 		"short":    func(v any, n int) string { return clip(visible(fmt.Sprint(v)), n) },
@@ -170,11 +170,11 @@ func duration(d time.Duration) string {
 	return strconv.Itoa(int(d.Hours()/24)) + "d"
 }
 
-// prettyJSON indents a JSON value and clips it at ClipBytes; a value that is not JSON is shown
-// as text. Either way html/template escapes it where it lands.
-func (h *Handler) prettyJSON(b []byte) string {
+// prettyJSON indents a JSON value and clips it at ClipBytes, saying whether it did; a value
+// that is not JSON is shown as text. Either way html/template escapes it where it lands.
+func (h *Handler) prettyJSON(b []byte) (string, bool) {
 	if len(b) == 0 {
-		return ""
+		return "", false
 	}
 	var buf bytes.Buffer
 	s := string(b)
@@ -182,14 +182,14 @@ func (h *Handler) prettyJSON(b []byte) string {
 		s = buf.String()
 	}
 	s = visible(s)
-	if len(s) > h.opts.ClipBytes {
-		cut := h.opts.ClipBytes
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "\n…"
+	if len(s) <= h.opts.ClipBytes {
+		return s, false
 	}
-	return s
+	cut := h.opts.ClipBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "\n…", true
 }
 
 // visible makes control characters (but newlines and tabs) visible as \u escapes: a stored
