@@ -7,12 +7,14 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemui"
+	"github.com/idemkit/idem/tx"
 	"github.com/idemkit/idem/workflow"
 )
 
@@ -100,6 +102,16 @@ func TestPages(t *testing.T) {
 		require.Contains(t, res.body, `<noscript><meta http-equiv="refresh" content="2"></noscript>`)
 		require.Contains(t, res.body, "signal <b>go</b>", "what it waits for")
 		require.Contains(t, res.body, "waiting for go", "its event")
+	})
+
+	t.Run("Trace", func(t *testing.T) {
+		_, err := b.pool.Exec(b.ctx, `UPDATE idem_runs SET trace_context = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' WHERE id = 'p-2'`)
+		require.NoError(t, err)
+		traced := b.handler(t, &idemui.Options{TraceURL: "https://tracing.example.com/trace/{trace_id}?from=idem"})
+		res := get(t, traced, "/run?scope=customer:bob&id=p-2")
+		require.Contains(t, res.body, `<a href="https://tracing.example.com/trace/0af7651916cd43dd8448eb211c80319c?from=idem">0af7651916cd43dd8448eb211c80319c</a>`)
+		res = get(t, h, "/run?scope=customer:bob&id=p-2")
+		require.Contains(t, res.body, `<dt>trace</dt><dd>0af7651916cd43dd8448eb211c80319c</dd>`, "the id alone without a TraceURL")
 	})
 
 	t.Run("Download", func(t *testing.T) {
@@ -190,6 +202,35 @@ func TestPages(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.status)
 		require.Contains(t, res.body, "No schedules.")
 	})
+}
+
+// TestRunRelations shows what a run has to do with others: the signals it was sent and
+// consumed, and its children and parent.
+func TestRunRelations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.handler(t, nil)
+	wait := idem.Key{Scope: "customer:bob", ID: "w-1"}
+	b.startWaiting(t, wait)
+	require.NoError(t, tx.Run(b.ctx, b.pool, func(ctx context.Context, t pgx.Tx) error {
+		_, err := b.engine.SignalTx(ctx, t, wait, "go", "<b>go</b>", &workflow.SignalOpts{DedupeID: "evt-1"})
+		return err
+	}))
+	b.eventually(t, "the run consumes its signal", func() bool { return b.state(t, wait) == "done" })
+	res := get(t, h, "/run?scope=customer:bob&id=w-1")
+	require.Contains(t, res.body, `id="signals"`)
+	require.Contains(t, res.body, "by step 2", "consumed by the await")
+	require.Contains(t, res.body, "evt-1")
+	require.Contains(t, res.body, `&#34;\u003cb\u003ego\u003c/b\u003e&#34;`, "the payload, as JSON, escaped")
+
+	_, err := parentWF.Run(b.ctx, b.engine, idem.Key{Scope: "customer:bob", ID: "parent-1"}, 9, &workflow.RunOpts{Wait: 15 * time.Second})
+	require.NoError(t, err)
+	res = get(t, h, "/run?scope=customer:bob&id=parent-1")
+	require.Contains(t, res.body, `id="children"`)
+	child := between(t, between(t, res.body, `id="children"`, `</table>`), `<a href="`, `"`)
+	res = get(t, h, strings.ReplaceAll(child, "&amp;", "&"))
+	require.Equal(t, http.StatusOK, res.status)
+	require.Contains(t, res.body, `<dt>parent</dt><dd><a href="/run?id=parent-1&amp;scope=customer%3Abob">parent-1</a> (step 1)</dd>`)
 }
 
 func TestReadOnly(t *testing.T) {

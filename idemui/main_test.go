@@ -80,6 +80,9 @@ var (
 			return 0, steps.Permanent(errors.New(msg))
 		}, &steps.Opts{MaxAttempts: 1})
 	})
+	parentWF = workflow.Define("parent", func(ctx context.Context, amount int) (map[string]any, error) {
+		return steps.Child(ctx, "pay", payWF, amount, nil)
+	})
 	waitWF = workflow.Define("wait", func(ctx context.Context, _ int) (string, error) {
 		if err := steps.SetEvent(ctx, "status", "waiting for go"); err != nil {
 			return "", err
@@ -99,7 +102,7 @@ func setup(t testing.TB) *testBundle {
 	require.NoError(t, err)
 	_, err = migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
 	require.NoError(t, err)
-	e, err := workflow.NewEngine(pool, &workflow.Config{Workflows: []workflow.Definition{payWF, failWF, waitWF}, Lease: time.Second,
+	e, err := workflow.NewEngine(pool, &workflow.Config{Workflows: []workflow.Definition{payWF, failWF, waitWF, parentWF}, Lease: time.Second,
 		ScanInterval: time.Second, Logger: quiet()})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
