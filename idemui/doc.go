@@ -7,8 +7,9 @@
 // would be costly), a run (its steps as a timeline with how long each took, failed attempts and
 // their errors, steps replayed from a fork, signals sent and consumed, events, children and
 // parent, lease owner and expiry, deadline and what it waits for; reloaded every two seconds
-// while it is unfinished), a key (owner, fingerprint, times and the size of its stored result,
-// never the result itself) and schedules. Inputs and outputs are pretty-printed and clipped at
+// while it is unfinished), a key (owner, fingerprint, times, the size of its stored result and,
+// for a response of idemhttp or idemgrpc, its status; the result itself only with
+// Options.ShowResults) and schedules. Inputs and outputs are pretty-printed and clipped at
 // Options.ClipBytes, with the whole value a download away.
 //
 // Pages are rendered on the server with html/template from a few KB of embedded HTML, CSS and

@@ -48,6 +48,12 @@ type Options struct {
 	// 32 hex digits of the trace that started the run. "" shows the id without a link.
 	TraceURL string
 
+	// ShowResults shows a key's stored result (what idem.Do stored, and replays to the client)
+	// on its page. Off by default: the result is the client's answer and may hold what only the
+	// client should see; the page shows its size and, for a response of idemhttp's middleware,
+	// its HTTP status.
+	ShowResults bool
+
 	// ClipBytes is how much of a JSON value (an input, an output, a step's result) a page shows,
 	// pretty-printed; the whole value is a download away. Default 4096.
 	ClipBytes int

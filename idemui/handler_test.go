@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/idemui"
 	"github.com/idemkit/idem/tx"
 	"github.com/idemkit/idem/workflow"
@@ -161,6 +163,31 @@ func TestPages(t *testing.T) {
 		require.Contains(t, res.body, hex.EncodeToString(idem.Fingerprint("a")))
 		require.Contains(t, res.body, "32 B (not shown")
 		require.NotContains(t, res.body, "only-for-the-client", "a key's stored result is never shown")
+	})
+
+	t.Run("StoredResponse", func(t *testing.T) {
+		mw, err := idemhttp.Middleware(b.pool, &idemhttp.Config{Scope: func(*http.Request) string { return "customer:carol" }})
+		require.NoError(t, err)
+		api := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"api_key":"sk_live_only_once"}`))
+		}))
+		req := httptest.NewRequest(http.MethodPost, "/keys", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "create-1")
+		rec := httptest.NewRecorder()
+		api.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusCreated, rec.Code)
+
+		res := get(t, h, "/keys?scope=customer:carol&id=create-1")
+		require.Equal(t, http.StatusOK, res.status)
+		require.Contains(t, res.body, `<b id="status">HTTP 201 Created</b>`)
+		require.NotContains(t, res.body, "sk_live", "the stored body is not shown by default")
+		require.NotContains(t, res.body, `id="result"`)
+
+		shown := b.handler(t, &idemui.Options{ShowResults: true})
+		res = get(t, shown, "/keys?scope=customer:carol&id=create-1")
+		require.Contains(t, res.body, `id="result"`)
+		require.Contains(t, res.body, `&#34;status&#34;: 201`)
 	})
 
 	t.Run("NotFound", func(t *testing.T) {

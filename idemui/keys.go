@@ -2,8 +2,11 @@ package idemui
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/idemkit/idem"
@@ -14,6 +17,8 @@ type keysData struct {
 	Info        *idem.KeyInfo
 	Fingerprint string
 	Missing     string // why nothing is shown: not found
+	Status      string // what the stored result answered, when it is a response idem's middleware stored
+	Result      []byte // the stored result, with Options.ShowResults
 }
 
 // keysPage looks a key up by scope and id: its owner (Do, or a run), fingerprint, times and the
@@ -51,5 +56,51 @@ func (h *Handler) keysPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Info, d.Fingerprint = info, hex.EncodeToString(info.Fingerprint)
+	if info.Workflow == "" && info.ResultSize > 0 {
+		result, err := idem.KeyResult(r.Context(), h.db, key, h.keyOpts...)
+		switch {
+		case errors.Is(err, idem.ErrNotFound): // deleted in between: shown as it was
+		case err != nil:
+			h.internal(w, r, err)
+			return
+		}
+		d.Status = storedStatus(result)
+		if h.opts.ShowResults {
+			d.Result = result
+		}
+	}
 	h.render(w, r, http.StatusOK, "keys", p)
+}
+
+// storedStatus says what a stored result answered, when it is one of the shapes idem's
+// middleware stores: an idemhttp.StoredResponse ({"status": 201, "header": ..., "body": ...}),
+// or idemgrpc's reply (a message type, or an error status). Anything else is a value of the
+// application's own, whose fields mean nothing here: "".
+func storedStatus(result []byte) string {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(result, &fields) != nil {
+		return ""
+	}
+	known := func(names ...string) bool {
+		for k := range fields {
+			if !slices.Contains(names, k) {
+				return false
+			}
+		}
+		return true
+	}
+	var status int
+	if known("status", "header", "body") && json.Unmarshal(fields["status"], &status) == nil && status >= 100 && status <= 599 {
+		return "HTTP " + strconv.Itoa(status) + " " + http.StatusText(status)
+	}
+	var typ, rpcStatus string // a message's type; an error's google.rpc.Status, as base64
+	if known("type", "message", "status", "header", "trailer") {
+		switch {
+		case json.Unmarshal(fields["type"], &typ) == nil && typ != "":
+			return "gRPC response " + typ
+		case json.Unmarshal(fields["status"], &rpcStatus) == nil && rpcStatus != "":
+			return "gRPC error"
+		}
+	}
+	return ""
 }

@@ -13,8 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The web view's reads (package idemui, through workflow's RunCounts and RunActivity): runs
-// counted by state, and what RunGet leaves out of a run, its mailbox, its events and its trace.
+// The web view's reads (package idemui, through workflow's RunCounts and RunActivity and the root
+// package's KeyResult): runs counted by state, what RunGet leaves out of a run (its mailbox, its
+// events and its trace), and a key's stored result.
 
 // StateCount is how many runs are in one state. Estimated counts come from the planner's
 // statistics, not from the rows.
@@ -30,8 +31,8 @@ var countedStates = []RunState{RunRunning, RunQueued, RunSleeping, RunAwaiting, 
 
 // viewStatements are the texts of the view's statements, built once per schema.
 type viewStatements struct {
-	estimateAll, countAll, countIndexed, signals, events, trace string
-	estimateState                                               map[RunState]string
+	estimateAll, countAll, countIndexed, signals, events, trace, keyResult string
+	estimateState                                                          map[RunState]string
 }
 
 var views sync.Map // *Statements -> *viewStatements
@@ -49,6 +50,8 @@ func (st *Statements) view() *viewStatements {
 FROM {signals} WHERE scope = $1 AND id = $2 ORDER BY seq DESC LIMIT $3`),
 		events: t.render(`SELECT name, value, updated_at FROM {events} WHERE scope = $1 AND id = $2 ORDER BY name`),
 		trace:  t.render(`SELECT coalesce(trace_context, '') FROM {runs} WHERE scope = $1 AND id = $2`),
+
+		keyResult: t.render(`SELECT result, workflow FROM {keys} WHERE scope = $1 AND id = $2`),
 
 		estimateState: map[RunState]string{},
 	}
@@ -229,4 +232,15 @@ func (st *Statements) RunTraceContext(ctx context.Context, q Querier, scope, id 
 		return "", false, nil
 	}
 	return tc, err == nil, err
+}
+
+// KeyResult reads the result stored under a key: nil for a key without one (in flight for the
+// first time, or a run's), with the workflow the key belongs to (nil for Do's); ok is false when
+// there is no such key.
+func (st *Statements) KeyResult(ctx context.Context, q Querier, scope, id string) (result []byte, workflow *string, ok bool, err error) {
+	err = q.QueryRow(ctx, st.view().keyResult, scope, id).Scan(&result, &workflow)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, false, nil
+	}
+	return result, workflow, err == nil, err
 }
