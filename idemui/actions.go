@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 )
 
 // An action is asked for in two steps: a GET of its confirmation page, which says what it will
@@ -196,11 +197,12 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	if d.Spec.On == "schedule" {
 		attrs = append(attrs, "schedule", d.Name)
 	} else {
-		attrs = append(attrs, "scope", d.Scope, "id", d.ID)
+		attrs = append(attrs, "scope", d.Scope, h.keyLog("", idem.Key{Scope: d.Scope, ID: d.ID}))
 	}
 	to, err := h.do(r.Context(), d, r.PostForm, &attrs)
 	if err != nil {
-		h.log.WarnContext(r.Context(), "idemui: action failed", append(attrs, "error", err)...)
+		h.log.WarnContext(r.Context(), "idemui: action failed", append(attrs, h.keys.Error(err, redact.Key{Scope: d.Scope, ID: d.ID},
+			redact.Key{Scope: d.Scope, ID: r.PostForm.Get("new_id")}))...)
 		d.Error, d.Form, d.Token = err.Error(), r.PostForm, h.csrfToken(w, r)
 		h.render(w, r, actionStatus(err), "confirm", &page{Title: d.Spec.Title, Nav: navOf(d.Spec), Data: d})
 		return
@@ -252,7 +254,7 @@ func (h *Handler) do(ctx context.Context, d *confirmData, form url.Values, attrs
 		if err := idem.ValidateID(newKey.ID); err != nil {
 			return "", badf("new_id", "%s", strings.TrimPrefix(err.Error(), "idem: invalid key: "))
 		}
-		*attrs = append(*attrs, "from_step", step, "new_id", newKey.ID)
+		*attrs = append(*attrs, "from_step", step, h.keyLog("new_", newKey))
 		to := h.link("/run", "scope", newKey.Scope, "id", newKey.ID, "done", "fork")
 		return to, h.engine.RunFork(ctx, key, newKey, step)
 	case "key-delete":
@@ -268,10 +270,18 @@ func (h *Handler) do(ctx context.Context, d *confirmData, form url.Values, attrs
 		if err != nil {
 			return "", err
 		}
-		*attrs = append(*attrs, slog.String("run", k.ID))
+		*attrs = append(*attrs, h.keyLog("run_", k))
 		return h.link("/run", "scope", k.Scope, "id", k.ID, "done", "schedule-trigger"), nil
 	}
 	return "", badf("action", "%q is not an action", d.Action)
+}
+
+// keyLog is what the log of actions carries of a key: its hash (key_hash), or its ID with
+// Options.RecordKeys, as every record idem makes; prefix names which key it is.
+func (h *Handler) keyLog(prefix string, key idem.Key) slog.Attr {
+	a := h.keys.Log(redact.Key{Scope: key.Scope, ID: key.ID})
+	a.Key = prefix + a.Key
+	return a
 }
 
 func sep(u string) string {

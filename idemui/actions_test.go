@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemui"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/workflow"
 )
 
@@ -89,7 +90,9 @@ func TestActions(t *testing.T) {
 		run, err := b.engine.RunGet(b.ctx, wait)
 		require.NoError(t, err)
 		require.Equal(t, "customer asked", run.Error)
-		require.Contains(t, b.log.String(), `msg="idemui: action" action=cancel user=ops@example.com scope=customer:bob id=w-1 reason="customer asked"`)
+		require.Contains(t, b.log.String(), `msg="idemui: action" action=cancel user=ops@example.com scope=customer:bob key_hash=`+
+			redact.Hash("customer:bob", "w-1")+` reason="customer asked"`, "the key's hash, not its ID, as in idem's other records")
+		require.NotContains(t, b.log.String(), "w-1")
 		res = get(t, h, res.header.Get("Location"))
 		require.Contains(t, res.body, "The run was cancelled.")
 
@@ -148,6 +151,17 @@ func TestActions(t *testing.T) {
 		require.Equal(t, http.StatusSeeOther, res.status, res.body)
 		_, err = idem.KeyGet(b.ctx, b.pool, key)
 		require.ErrorIs(t, err, idem.ErrNotFound)
+
+		// With RecordKeys the log names the key itself.
+		recorded := b.handler(t, &idemui.Options{AllowActions: true, RecordKeys: true})
+		other := idem.Key{Scope: "customer:alice", ID: "t-2"}
+		_, err = idem.Run(b.ctx, b.pool, other, func(ctx context.Context, _ pgx.Tx) (int, error) { return 1, nil })
+		require.NoError(t, err)
+		token2, cookie2 := confirm(t, recorded, "action=key-delete&scope=customer:alice&id=t-2")
+		res = post(t, recorded, "/action", url.Values{"action": {"key-delete"}, "scope": {other.Scope}, "id": {other.ID}, "csrf": {token2}},
+			map[string]string{"Cookie": cookie2})
+		require.Equal(t, http.StatusSeeOther, res.status, res.body)
+		require.Contains(t, b.log.String(), `action=key-delete user=unknown scope=customer:alice id=t-2`)
 
 		// A run's key is the run's: refused, and kept.
 		res = post(t, h, "/action", url.Values{"action": {"key-delete"}, "scope": {"customer:bob"}, "id": {"p-2"}, "csrf": {token}},

@@ -7,7 +7,7 @@
 // would be costly), a run (its steps as a timeline with how long each took, failed attempts and
 // their errors, steps replayed from a fork, signals sent and consumed, events, children and
 // parent, lease owner and expiry, deadline and what it waits for; reloaded every two seconds
-// while it is unfinished), a key (owner, fingerprint, times, the size of its stored result and,
+// while it is unfinished), a scope's keys (idem.KeyList), a key (owner, hash, fingerprint, times, the size of its stored result and,
 // for a response of idemhttp or idemgrpc, its status; the result itself only with
 // Options.ShowResults) and schedules. Inputs and outputs are pretty-printed and clipped at
 // Options.ClipBytes, with the whole value a download away.
@@ -20,7 +20,8 @@
 // It is read-only unless Options.AllowActions: then it can cancel (with a reason), resume and
 // fork a run, delete a key of idem.Do's, and pause, resume and trigger a schedule. Each action
 // is a POST from a confirmation page, with a CSRF token and a same-origin check
-// (Sec-Fetch-Site, or Origin), and is logged with the user Options.User names. Without
+// (Sec-Fetch-Site, or Origin), and is logged with the user Options.User names (and keys by
+// their hash, as every record idem makes, unless Options.RecordKeys). Without
 // AllowActions every POST is refused with 403.
 //
 // Mounting it under a prefix, behind the application's own check:

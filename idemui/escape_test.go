@@ -60,6 +60,7 @@ VALUES ($1, $2, $3, 'awaiting', $4, NULL, $5, 1, $5, now() + interval '1 minute'
 		"/runs?workflow=" + url.QueryEscape(hostile),
 		"/run?" + q,
 		"/keys?" + q,
+		"/keys?scope=" + url.QueryEscape(scope),
 		"/schedules",
 		"/confirm?action=cancel&" + q,
 		"/confirm?action=schedule-resume&name=" + url.QueryEscape("<script>s</script>"),

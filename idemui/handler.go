@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/redact"
 	"github.com/idemkit/idem/workflow"
 )
 
@@ -66,6 +67,12 @@ type Options struct {
 	// key lookups (idem.KeyGet, idem.KeyDelete). Default "": search_path decides.
 	Schema string
 
+	// RecordKeys makes the log of actions carry the IDs of the keys acted on (id, new_id,
+	// run_id), as idem.RecordKeys does for idem's other records. By default it carries their
+	// hashes (key_hash, new_key_hash, run_key_hash), which the run's and the key's pages show: a
+	// client's key may be a secret it reuses, and logs travel further than the database.
+	RecordKeys bool
+
 	// Logger receives the log of actions (Info, with the user) and errors reading the database
 	// (Error). Default slog.Default().
 	Logger *slog.Logger
@@ -83,6 +90,7 @@ type Handler struct {
 	keyOpts []idem.Option
 	log     *slog.Logger
 	csrfKey []byte // signs the CSRF tokens; new with every Handler
+	keys    redact.Keys
 	mux     *http.ServeMux
 	pages   map[string]*template.Template
 }
@@ -136,7 +144,7 @@ func NewHandler(engine *workflow.Engine, opts *Options) (*Handler, error) {
 		o.User = basicAuthUser
 	}
 	h := &Handler{engine: engine, db: engine.DB(), opts: o, keyOpts: []idem.Option{idem.Schema(o.Schema)}, log: o.Logger,
-		csrfKey: make([]byte, 32), mux: http.NewServeMux()}
+		csrfKey: make([]byte, 32), mux: http.NewServeMux(), keys: redact.Keys{Full: o.RecordKeys}}
 	if h.log == nil {
 		h.log = slog.Default()
 	}

@@ -165,6 +165,27 @@ func TestPages(t *testing.T) {
 		require.NotContains(t, res.body, "only-for-the-client", "a key's stored result is never shown")
 	})
 
+	t.Run("KeyList", func(t *testing.T) {
+		res := get(t, h, "/keys?scope=customer:bob")
+		require.Equal(t, http.StatusOK, res.status)
+		for _, id := range []string{"p-1", "p-2", "w-1"} {
+			require.Contains(t, res.body, `href="/keys?id=`+id+`&amp;scope=customer%3Abob"`)
+		}
+		require.Contains(t, res.body, `run of pay <span class="state state-done">done</span>`)
+		res = get(t, h, "/keys?scope=customer:bob&prefix=p-")
+		require.Contains(t, res.body, "p-2")
+		require.NotContains(t, res.body, "w-1")
+		res = get(t, h, "/keys?scope=customer:nobody")
+		require.Contains(t, res.body, "No keys in this scope.")
+
+		paged := b.handler(t, &idemui.Options{PageSize: 1})
+		res = get(t, paged, "/keys?scope=customer:bob")
+		require.Equal(t, 1, strings.Count(res.body, `class="key"`))
+		res = get(t, paged, strings.ReplaceAll(between(t, res.body, `id="next" href="`, `"`), "&amp;", "&"))
+		require.Equal(t, http.StatusOK, res.status)
+		require.Contains(t, res.body, "p-2", "the second key, by id")
+	})
+
 	t.Run("StoredResponse", func(t *testing.T) {
 		mw, err := idemhttp.Middleware(b.pool, &idemhttp.Config{Scope: func(*http.Request) string { return "customer:carol" }})
 		require.NoError(t, err)
@@ -214,7 +235,9 @@ func TestPages(t *testing.T) {
 			"/run?id=p-1":                  "scope: missing",
 			"/run?scope=customer:bob":      "id: missing",
 			"/run?scope=s&id=has%20space":  "scope and id: ID has byte 0x20",
-			"/keys?scope=s":                "id: missing",
+			"/keys?id=x":                   "scope: missing",
+			"/keys?scope=s&after=junk":     "after: not a cursor of this list",
+			"/keys?scope=s&prefix=a%20b":   "prefix: cannot start a key&#39;s ID",
 			"/schedules?after=%20":         "after: &#34; &#34; is not a schedule&#39;s name",
 			"/run/json?scope=s&id=x&part=": "part: give input, output or step",
 		} {

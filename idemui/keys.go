@@ -19,6 +19,10 @@ type keysData struct {
 	Missing     string // why nothing is shown: not found
 	Status      string // what the stored result answered, when it is a response idem's middleware stored
 	Result      []byte // the stored result, with Options.ShowResults
+
+	// A scope's keys, when no id is given (idem.KeyList).
+	Prefix, After string
+	List          *idem.KeyListResult
 }
 
 // keysPage looks a key up by scope and id: its owner (Do, or a run), fingerprint, times and the
@@ -35,10 +39,10 @@ func (h *Handler) keysPage(w http.ResponseWriter, r *http.Request) {
 	key := idem.Key{Scope: d.Scope, ID: d.ID}
 	switch {
 	case d.Scope == "":
-		h.badRequest(w, r, badf("scope", "missing: a key is looked up by its scope and id"))
+		h.badRequest(w, r, badf("scope", "missing: a key is looked up by its scope and id, and a scope's keys listed by the scope"))
 		return
 	case d.ID == "":
-		h.badRequest(w, r, badf("id", "missing: a key is looked up by its scope and id"))
+		h.keyList(w, r, d, p)
 		return
 	}
 	if err := key.Validate(); err != nil {
@@ -70,6 +74,31 @@ func (h *Handler) keysPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.render(w, r, http.StatusOK, "keys", p)
+}
+
+// keyList lists a scope's keys, by id, a page at a time.
+func (h *Handler) keyList(w http.ResponseWriter, r *http.Request, d *keysData, p *page) {
+	q := r.URL.Query()
+	d.Prefix, d.After = q.Get("prefix"), q.Get("after")
+	res, err := idem.KeyList(r.Context(), h.db, &idem.KeyListParams{Scope: d.Scope, Prefix: d.Prefix, After: d.After, Limit: h.opts.PageSize},
+		h.keyOpts...)
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	switch {
+	case errors.Is(err, idem.ErrInvalidCursor):
+		h.badRequest(w, r, badf("after", "not a cursor of this list; start from the first page"))
+	case strings.HasPrefix(msg, "idem: KeyListParams.Scope"):
+		h.badRequest(w, r, badf("scope", "%s", strings.TrimPrefix(msg, "idem: KeyListParams.Scope ")))
+	case strings.HasPrefix(msg, "idem: KeyListParams.Prefix"):
+		h.badRequest(w, r, badf("prefix", "%s", strings.TrimPrefix(msg, "idem: KeyListParams.Prefix ")))
+	case err != nil:
+		h.internal(w, r, err)
+	default:
+		d.List = res
+		h.render(w, r, http.StatusOK, "keys", p)
+	}
 }
 
 // storedStatus says what a stored result answered, when it is one of the shapes idem's

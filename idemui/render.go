@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemkit/idem/internal/redact"
 )
 
 // page is what every page's template gets: the layout's needs, and the page's own data.
@@ -94,6 +96,7 @@ func (h *Handler) funcs() template.FuncMap {
 		"short":    func(v any, n int) string { return clip(visible(fmt.Sprint(v)), n) },
 		"traceURL": h.traceURL,
 		"cls":      class,
+		"hash":     redact.Hash,
 	}
 }
 
