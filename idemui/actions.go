@@ -150,16 +150,11 @@ func (h *Handler) refusal(r *http.Request) string {
 	if !h.opts.AllowActions {
 		return "actions are off in this view (Options.AllowActions; idem ui --allow-actions): it is read-only"
 	}
-	switch site := r.Header.Get("Sec-Fetch-Site"); site {
-	case "", "same-origin":
-	default:
-		return "the form was sent from another site (Sec-Fetch-Site: " + site + "); act from this view's own pages"
-	}
-	if origin := r.Header.Get("Origin"); origin != "" {
-		u, err := url.Parse(origin)
-		if err != nil || u.Host != r.Host {
-			return "the form was sent from another origin (" + origin + "); act from this view's own pages"
-		}
+	// The standard library's check: the browser's Sec-Fetch-Site where it sends one, else its
+	// Origin against Host (so a proxy that rewrites Host does not refuse a modern browser).
+	if err := sameOrigin.Check(r); err != nil {
+		return "the form was sent from another site or origin (Sec-Fetch-Site: " + orNone(r.Header.Get("Sec-Fetch-Site")) +
+			", Origin: " + orNone(r.Header.Get("Origin")) + "); act from this view's own pages"
 	}
 	c, err := r.Cookie(csrfCookie)
 	token := r.PostFormValue("csrf")
@@ -209,6 +204,15 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.InfoContext(r.Context(), "idemui: action", attrs...)
 	http.Redirect(w, r, to, http.StatusSeeOther)
+}
+
+var sameOrigin = http.NewCrossOriginProtection()
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func orUnknown(user string) string {
