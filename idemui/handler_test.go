@@ -281,6 +281,13 @@ func TestRunRelations(t *testing.T) {
 	res = get(t, h, strings.ReplaceAll(child, "&amp;", "&"))
 	require.Equal(t, http.StatusOK, res.status)
 	require.Contains(t, res.body, `<dt>parent</dt><dd><a href="/run?id=parent-1&amp;scope=customer%3Abob">parent-1</a> (step 1)</dd>`)
+
+	// A parent that waits for its child says so, with a link to the child.
+	waiting := idem.Key{Scope: "customer:bob", ID: "parent-2"}
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return parentWaitWF.StartTx(b.ctx, b.engine, tx, waiting, 1) }))
+	b.eventually(t, "the parent waits for its child", func() bool { return b.state(t, waiting) == "awaiting" })
+	res = get(t, h, "/run?scope=customer:bob&id=parent-2")
+	require.Contains(t, between(t, res.body, `id="waits">`, `</dd>`), `its child <a href="/run?id=`)
 }
 
 func TestReadOnly(t *testing.T) {

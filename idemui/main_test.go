@@ -83,6 +83,9 @@ var (
 	parentWF = workflow.Define("parent", func(ctx context.Context, amount int) (map[string]any, error) {
 		return steps.Child(ctx, "pay", payWF, amount, nil)
 	})
+	parentWaitWF = workflow.Define("parent-wait", func(ctx context.Context, n int) (string, error) {
+		return steps.Child(ctx, "wait", waitWF, n, nil)
+	})
 	waitWF = workflow.Define("wait", func(ctx context.Context, _ int) (string, error) {
 		if err := steps.SetEvent(ctx, "status", "waiting for go"); err != nil {
 			return "", err
@@ -102,7 +105,7 @@ func setup(t testing.TB) *testBundle {
 	require.NoError(t, err)
 	_, err = migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
 	require.NoError(t, err)
-	e, err := workflow.NewEngine(pool, &workflow.Config{Workflows: []workflow.Definition{payWF, failWF, waitWF, parentWF}, Lease: time.Second,
+	e, err := workflow.NewEngine(pool, &workflow.Config{Workflows: []workflow.Definition{payWF, failWF, waitWF, parentWF, parentWaitWF}, Lease: time.Second,
 		ScanInterval: time.Second, Logger: quiet()})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })

@@ -253,7 +253,8 @@ type runData struct {
 	Longest  time.Duration
 	Attrs    []string
 	TraceURL string
-	Failed   int // failed attempts in all
+	Failed   int    // failed attempts in all
+	Child    string // the ID of the child the run waits for, when it waits for one
 }
 
 // runGet reads the run under key, or answers 404 (no such run) or 500 and returns false.
@@ -291,6 +292,11 @@ func (h *Handler) runPage(w http.ResponseWriter, r *http.Request) {
 	d := &runData{Run: run, Key: key, Act: act, Steps: timeline(run), TraceURL: h.traceURL(act.TraceID), Failed: len(run.Failures)}
 	for _, s := range d.Steps {
 		d.Longest = max(d.Longest, s.Took)
+	}
+	// A run that waits for its child awaits a signal named for the child (see steps.Child).
+	if id, ok := strings.CutPrefix(run.AwaitingSignal, "child:"); ok &&
+		slices.ContainsFunc(run.Children, func(c workflow.ChildRow) bool { return c.Key.ID == id }) {
+		d.Child = id
 	}
 	for k, v := range run.Attributes {
 		d.Attrs = append(d.Attrs, k+"="+v)
