@@ -2,13 +2,14 @@
 // application mounts behind its own authentication, as River UI's handler is, or that `idem ui`
 // serves on its own.
 //
-// It shows the runs list (filters by state, workflow, scope, attribute and time; keyset paging;
-// counts per state, exact through the partial index on state and estimated where counting
-// would be costly), a run (its steps as a timeline with how long each took, failed attempts and
-// their errors, steps replayed from a fork, signals sent and consumed, events, children and
-// parent, lease owner and expiry, deadline and what it waits for; reloaded every two seconds
-// while it is unfinished), a scope's keys (idem.KeyList), a key (owner, hash, fingerprint, times, the size of its stored result and,
-// for a response of idemhttp or idemgrpc, its status; the result itself only with
+// It shows the runs list (filters by state, workflow, code version, scope, attribute and time;
+// keyset paging; counts per state, exact through the partial index on state and estimated where
+// counting would be costly), a run (its steps as a timeline with how long each took, failed
+// attempts and their errors, steps replayed from a fork, signals sent and consumed, events,
+// children and parent, lease owner and expiry, deadline, what it waits for, its code version and
+// where its code diverged from its history; reloaded every two seconds while it is unfinished), a
+// scope's keys (idem.KeyList), a key (owner, hash, fingerprint, times, the size of its stored
+// result and, for a response of idemhttp or idemgrpc, its status; the result itself only with
 // Options.ShowResults) and schedules. Inputs and outputs are pretty-printed and clipped at
 // Options.ClipBytes, with the whole value a download away.
 //

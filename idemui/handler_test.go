@@ -290,6 +290,36 @@ func TestRunRelations(t *testing.T) {
 	require.Contains(t, between(t, res.body, `id="waits">`, `</dd>`), `its child <a href="/run?id=`)
 }
 
+// TestVersions shows the code versions runs started on (workflow.Config.Version), filters by
+// them, and a run whose code diverged from its history.
+func TestVersions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.fixture(t)
+	v2, err := workflow.NewEngine(b.pool, &workflow.Config{Workflows: []workflow.Definition{payWF}, Version: "v2.<b>", Logger: quiet()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = v2.Close() })
+	_, err = payWF.Run(b.ctx, v2, idem.Key{Scope: "customer:dan", ID: "p-v2"}, 5, nil)
+	require.NoError(t, err)
+	h := b.handler(t, nil)
+
+	res := get(t, h, "/runs?version="+url.QueryEscape("v2.<b>"))
+	require.Equal(t, http.StatusOK, res.status)
+	require.Contains(t, res.body, "p-v2")
+	require.NotContains(t, res.body, "p-1", "runs of other versions are left out")
+	require.Contains(t, res.body, "v2.&lt;b&gt;")
+	require.Equal(t, http.StatusBadRequest, get(t, h, "/runs?version=%07").status)
+
+	res = get(t, h, "/run?scope=customer:dan&id=p-v2")
+	require.Contains(t, between(t, res.body, `id="version">`, `</dd>`), "v2.&lt;b&gt;</a>")
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE idem_runs SET state = 'failed', output = '{"error":"diverged","reason":"nondeterministic",`+
+		`"divergence":{"seq":2,"stored_kind":"sleep","stored_name":"cool-off","called_kind":"call","called_name":"fraud-check"}}' WHERE id = 'p-v2'`)
+	require.NoError(t, err)
+	res = get(t, h, "/run?scope=customer:dan&id=p-v2")
+	require.Contains(t, res.body, `id="divergence">at step 2: the history has sleep <b>cool-off</b>, the code called call <b>fraud-check</b></dd>`)
+}
+
 func TestReadOnly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

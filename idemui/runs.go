@@ -21,6 +21,7 @@ var knownStates = []workflow.RunState{workflow.RunStateRunning, workflow.RunStat
 type runFilter struct {
 	States    []string
 	Workflow  string // comma-separated
+	Version   string // comma-separated
 	Scope     string
 	Attrs     []string // k=v
 	Since     string
@@ -35,7 +36,7 @@ type runFilter struct {
 
 // parseRunFilter reads the runs list's query. A value it cannot use is a *badField naming it.
 func (h *Handler) parseRunFilter(q url.Values) (*runFilter, *workflow.RunListParams, error) {
-	f := &runFilter{Workflow: q.Get("workflow"), Scope: q.Get("scope"), Since: q.Get("since"), Until: q.Get("until"),
+	f := &runFilter{Workflow: q.Get("workflow"), Version: q.Get("version"), Scope: q.Get("scope"), Since: q.Get("since"), Until: q.Get("until"),
 		After: q.Get("after"), Limit: h.opts.PageSize, ShowLimit: q.Get("limit")}
 	p := &workflow.RunListParams{Scope: f.Scope, After: f.After}
 	for _, v := range q["state"] {
@@ -58,6 +59,14 @@ func (h *Handler) parseRunFilter(q url.Values) (*runFilter, *workflow.RunListPar
 	for w := range strings.SplitSeq(f.Workflow, ",") {
 		if w = strings.TrimSpace(w); w != "" {
 			p.Workflows = append(p.Workflows, w)
+		}
+	}
+	if strings.ContainsFunc(f.Version, hidden) {
+		return f, nil, badf("version", "%q has a control character; a code version has none", f.Version)
+	}
+	for v := range strings.SplitSeq(f.Version, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			p.Versions = append(p.Versions, v)
 		}
 	}
 	for _, a := range q["attr"] {
@@ -133,7 +142,7 @@ func parseTime(field, v string) (time.Time, error) {
 
 // query is the filter as a link's pairs, with after set to next (or left out).
 func (f *runFilter) query(after string) []any {
-	return []any{"state", f.States, "workflow", f.Workflow, "scope", f.Scope, "attr", f.Attrs, "since", f.Since, "until", f.Until,
+	return []any{"state", f.States, "workflow", f.Workflow, "version", f.Version, "scope", f.Scope, "attr", f.Attrs, "since", f.Since, "until", f.Until,
 		"limit", f.ShowLimit, "after", after}
 }
 
@@ -173,7 +182,7 @@ func (h *Handler) runsPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := &runsData{Filter: f, Counts: counts, States: knownStates, Runs: res.Runs,
-		Filters: len(f.States) > 0 || f.Workflow != "" || f.Scope != "" || len(f.Attrs) > 0 || f.Since != "" || f.Until != ""}
+		Filters: len(f.States) > 0 || f.Workflow != "" || f.Version != "" || f.Scope != "" || len(f.Attrs) > 0 || f.Since != "" || f.Until != ""}
 	for _, c := range counts {
 		d.Total += c.N
 		d.Approx = d.Approx || c.Estimated
