@@ -13,8 +13,11 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/google/uuid"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redact"
+	"github.com/idemkit/idem/outbox"
 )
 
 // An action is asked for in two steps: a GET of its confirmation page, which says what it will
@@ -51,6 +54,10 @@ var actionSpecs = map[string]*actionSpec{
 		What: "The schedule goes on from its next tick after now; ticks missed while it was paused are not started."},
 	"schedule-trigger": {Title: "Trigger schedule", On: "schedule", Message: "The schedule was triggered: this is its new run.",
 		What: "A run of the schedule starts now, whatever its next tick, pause or overlap policy say."},
+	"outbox-retry": {Title: "Retry message", On: "message", Message: "The message was handed back to the relay.",
+		What: "The relay publishes the message again, its attempts reset: a stopped key goes on from it, in order; a dead-lettered or skipped message goes out after the messages of its key that were published meanwhile. Fix what made it fail first, or it fails again."},
+	"outbox-skip": {Title: "Skip message", On: "message", Danger: true, Message: "The message was set aside: it will not be published.",
+		What: "The message is set aside for good and never published; its key goes on with its next message."},
 }
 
 // doneMessages are the notes a page shows after an action redirected to it (?done=cancel): fixed
@@ -70,6 +77,7 @@ type confirmData struct {
 	Spec      *actionSpec
 	Scope, ID string // a run's or a key's
 	Name      string // a schedule's
+	Message   string // an outbox message's id
 	Token     string
 	Error     string
 	Back      string
@@ -92,18 +100,21 @@ func (h *Handler) confirmPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func navOf(s *actionSpec) string {
-	if s.On == "run" {
+	switch s.On {
+	case "run":
 		return "runs"
+	case "message":
+		return "outbox"
 	}
 	return s.On + "s"
 }
 
 // confirmData reads an action and what it is on from a query or a form.
 func (h *Handler) confirmData(q url.Values) (*confirmData, error) {
-	d := &confirmData{Action: q.Get("action"), Scope: q.Get("scope"), ID: q.Get("id"), Name: q.Get("name")}
+	d := &confirmData{Action: q.Get("action"), Scope: q.Get("scope"), ID: q.Get("id"), Name: q.Get("name"), Message: q.Get("message")}
 	d.Spec = actionSpecs[d.Action]
 	if d.Spec == nil {
-		return nil, badf("action", "%q is not an action; use one of cancel, resume, fork, key-delete, schedule-pause, schedule-resume, schedule-trigger", d.Action)
+		return nil, badf("action", "%q is not an action; use one of cancel, resume, fork, key-delete, schedule-pause, schedule-resume, schedule-trigger, outbox-retry, outbox-skip", d.Action)
 	}
 	switch d.Spec.On {
 	case "run", "key":
@@ -114,6 +125,13 @@ func (h *Handler) confirmData(q url.Values) (*confirmData, error) {
 		if d.Spec.On == "key" {
 			d.Back = h.link("/keys", "scope", d.Scope, "id", d.ID)
 		}
+	case "message":
+		id, err := messageID(d.Message)
+		if err != nil {
+			return nil, err
+		}
+		d.Message = id.String()
+		d.Back = h.link("/outbox/message", "message", d.Message)
 	default:
 		if d.Name == "" {
 			return nil, badf("name", "missing: name the schedule")
@@ -189,9 +207,12 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	attrs := []any{"action", d.Action, "user", orUnknown(user)}
-	if d.Spec.On == "schedule" {
+	switch d.Spec.On {
+	case "schedule":
 		attrs = append(attrs, "schedule", d.Name)
-	} else {
+	case "message":
+		attrs = append(attrs, "message", d.Message)
+	default:
 		attrs = append(attrs, "scope", d.Scope, h.keyLog("", idem.Key{Scope: d.Scope, ID: d.ID}))
 	}
 	to, err := h.do(r.Context(), d, r.PostForm, &attrs)
@@ -269,6 +290,12 @@ func (h *Handler) do(ctx context.Context, d *confirmData, form url.Values, attrs
 		return back, h.engine.SchedulePause(ctx, d.Name, note)
 	case "schedule-resume":
 		return back, h.engine.ScheduleResume(ctx, d.Name)
+	case "outbox-retry", "outbox-skip":
+		id, _ := uuid.Parse(d.Message) // checked by confirmData
+		if d.Action == "outbox-retry" {
+			return back, outbox.Retry(ctx, h.db, id, h.outboxOpts()...)
+		}
+		return back, outbox.Skip(ctx, h.db, id, h.outboxOpts()...)
 	case "schedule-trigger":
 		k, err := h.engine.ScheduleTrigger(ctx, d.Name)
 		if err != nil {

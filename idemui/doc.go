@@ -1,6 +1,6 @@
-// Package idemui is a web view of idem's workflow runs, keys and schedules: an http.Handler the
-// application mounts behind its own authentication, as River UI's handler is, or that `idem ui`
-// serves on its own.
+// Package idemui is a web view of idem's workflow runs, keys, schedules and outbox: an
+// http.Handler the application mounts behind its own authentication, as River UI's handler is,
+// or that `idem ui` serves on its own.
 //
 // It shows the runs list (filters by state, workflow, code version, scope, attribute and time;
 // keyset paging; counts per state, exact through the partial index on state and estimated where
@@ -10,7 +10,8 @@
 // where its code diverged from its history; reloaded every two seconds while it is unfinished), a
 // scope's keys (idem.KeyList), a key (owner, hash, fingerprint, times, the size of its stored
 // result and, for a response of idemhttp or idemgrpc, its status; the result itself only with
-// Options.ShowResults) and schedules. Inputs and outputs are pretty-printed and clipped at
+// Options.ShowResults), schedules, and the outbox (its lanes with their relay and lag, and its
+// messages, those that need an operator first). Inputs and outputs are pretty-printed and clipped at
 // Options.ClipBytes, with the whole value a download away.
 //
 // Pages are rendered on the server with html/template from a few KB of embedded HTML, CSS and
@@ -19,7 +20,8 @@
 // only the handler's own script.
 //
 // It is read-only unless Options.AllowActions: then it can cancel (with a reason), resume and
-// fork a run, delete a key of idem.Do's, and pause, resume and trigger a schedule. Each action
+// fork a run, delete a key of idem.Do's, pause, resume and trigger a schedule, and retry or skip
+// an outbox message. Each action
 // is a POST from a confirmation page, with a CSRF token and a same-origin check
 // (Sec-Fetch-Site, or Origin), and is logged with the user Options.User names (and keys by
 // their hash, as every record idem makes, unless Options.RecordKeys). Without

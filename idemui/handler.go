@@ -164,6 +164,8 @@ func NewHandler(engine *workflow.Engine, opts *Options) (*Handler, error) {
 	h.mux.HandleFunc("GET /run/json", h.runJSON)
 	h.mux.HandleFunc("GET /keys", h.keysPage)
 	h.mux.HandleFunc("GET /schedules", h.schedulesPage)
+	h.mux.HandleFunc("GET /outbox", h.outboxPage)
+	h.mux.HandleFunc("GET /outbox/message", h.messagePage)
 	h.mux.HandleFunc("GET /confirm", h.confirmPage)
 	h.mux.HandleFunc("POST /action", h.action)
 	h.mux.HandleFunc("/action", func(w http.ResponseWriter, r *http.Request) {

@@ -28,7 +28,7 @@ type page struct {
 }
 
 // pageNames are the templates, each joined with layout.html.
-var pageNames = []string{"runs", "run", "keys", "schedules", "confirm", "error"}
+var pageNames = []string{"runs", "run", "keys", "schedules", "outbox", "message", "confirm", "error"}
 
 func (h *Handler) parsePages() error {
 	h.pages = map[string]*template.Template{}
