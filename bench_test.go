@@ -24,6 +24,10 @@ import (
 //
 //   - bare: in pgx.BeginFunc, as a service without idem runs it;
 //   - bare-txrun: in tx.Run, which sends BEGIN with the first statement;
+//   - bare+2rt: bare with two `SELECT 1` round trips added, one before the transfer and one after:
+//     the floor of any key table that looks a key up before the work and stores it after, in a
+//     transaction the caller begins and commits itself (neither statement can travel with the
+//     caller's BEGIN or COMMIT);
 //   - hand: in pgx.BeginFunc with a hand-rolled key table, (key text PRIMARY KEY, response
 //     jsonb): a SELECT of the key before, an INSERT of it after, the twenty lines a user would
 //     otherwise write;
@@ -59,6 +63,19 @@ func BenchmarkTransfer(b *testing.B) {
 		}},
 		{"bare-txrun", func(ctx context.Context, _ int) error {
 			return txpkg.Run(ctx, pool, func(ctx context.Context, tx pgx.Tx) error { _, err := transfer(ctx, tx); return err })
+		}},
+		{"bare+2rt", func(ctx context.Context, _ int) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var one int
+				if err := tx.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+					return err
+				}
+				if _, err := transfer(ctx, tx); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `SELECT 1`)
+				return err
+			})
 		}},
 		{"hand", func(ctx context.Context, _ int) error {
 			key := freshKey().ID
