@@ -74,19 +74,18 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 	tel := telemetry.For(cfg.tracerProvider, cfg.meterProvider)
 	ctx, span := tel.Tracer.Start(ctx, "idem.Reap", trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
-	r := &reaper{cfg: cfg, batch: 500, what: "do"}
-	keys, err := r.drain(ctx, func(ctx context.Context, limit int) (int64, error) { return st.ReapKeys(ctx, db, limit) })
+	r := &reaper{cfg: cfg, pace: pacer{busy: cfg.reapBusy, batchTime: cfg.reapBatchTime}}
+	keys, err := r.drain(ctx, "do", 500, func(ctx context.Context, limit int) (int64, error) { return st.ReapKeys(ctx, db, limit) })
 	tel.Reaped.Add(ctx, keys, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("do"))))
 	var runs int64
 	if err == nil {
-		r.batch, r.what = 100, "run" // runs take their steps with them: start smaller
-		runs, err = r.drain(ctx, func(ctx context.Context, limit int) (int64, error) { return st.ReapRuns(ctx, db, limit) })
+		// Runs take their steps with them: start smaller.
+		runs, err = r.drain(ctx, "run", 100, func(ctx context.Context, limit int) (int64, error) { return st.ReapRuns(ctx, db, limit) })
 		tel.Reaped.Add(ctx, runs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("run"))))
 	}
 	var msgs int64
 	if err == nil {
-		r.batch, r.what = 500, "outbox"
-		msgs, err = r.drain(ctx, func(ctx context.Context, limit int) (int64, error) {
+		msgs, err = r.drain(ctx, "outbox", 500, func(ctx context.Context, limit int) (int64, error) {
 			return st.ReapOutbox(ctx, db, limit, cfg.outboxRetention.Microseconds())
 		})
 		tel.Reaped.Add(ctx, msgs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("outbox"))))
@@ -104,21 +103,19 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 
 type reaper struct {
 	cfg   *config
-	batch int
+	pace  pacer
 	total int64
 	what  string // "do", "run" or "outbox", for the log
 }
 
-const (
-	minReapBatch = 16
-	maxReapBatch = 20000
-)
-
-// drain deletes in batches with del until a batch comes back short.
-func (r *reaper) drain(ctx context.Context, del func(ctx context.Context, limit int) (int64, error)) (int64, error) {
+// drain deletes in batches with del, each of batch rows to begin with, until a batch comes back
+// short.
+func (r *reaper) drain(ctx context.Context, what string, batch int, del func(ctx context.Context, limit int) (int64, error)) (int64, error) {
+	r.what = what
+	r.pace.start(batch)
 	var deleted int64
 	for {
-		limit := r.batch
+		limit := r.pace.batch
 		if r.cfg.reapMax > 0 {
 			left := r.cfg.reapMax - r.total
 			if left <= 0 {
@@ -137,17 +134,13 @@ func (r *reaper) drain(ctx context.Context, del func(ctx context.Context, limit 
 		}
 		deleted += n
 		r.total += n
-		r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", r.what, "keys", n, "limit", limit, "took", took)
 		if n < int64(limit) {
+			r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", r.what, "keys", n, "limit", limit, "took", took)
 			return deleted, nil
 		}
-		// Size the next batch to take about ReapBatchTime, moving halfway there each time so
-		// that one slow batch (a checkpoint, a cold page) does not swing it.
-		if took > 0 {
-			want := float64(limit) * float64(r.cfg.reapBatchTime) / float64(took)
-			r.batch = min(max(int((float64(r.batch)+want)/2), minReapBatch), maxReapBatch)
-		}
-		rest := time.Duration(float64(took) * (1 - r.cfg.reapBusy) / r.cfg.reapBusy)
+		rest, pressure := r.pace.done(int(n), limit, took)
+		r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", r.what, "keys", n, "limit", limit, "took", took,
+			"pressure", pressure, "rest", rest)
 		if err := backoff.Sleep(ctx, rest); err != nil {
 			return deleted, fmt.Errorf("idem: stopped reaping after %d keys: %w", deleted, err)
 		}
