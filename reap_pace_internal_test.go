@@ -30,21 +30,31 @@ func TestReapPacer(t *testing.T) {
 		p := pacer{busy: 0.25, batchTime: batchTime}
 		p.start(500)
 		p.done(500, 500, perRow(10*time.Microsecond, 500))
-		// Twice the best cost per row: the traffic has the server; rest twice as long per unit
-		// of work.
-		took := perRow(20*time.Microsecond, 500)
+
+		// One slow batch is a checkpoint or a cold page, not a surge: a little more rest.
+		took := perRow(15*time.Microsecond, 500)
 		rest, pressure := p.done(500, 500, took)
-		require.InDelta(t, 2, pressure, 0.05, "the best drifts up 2 %% a batch")
+		require.Greater(t, pressure, 1.0)
+		require.Less(t, pressure, 1.2)
 		require.InDelta(t, float64(took)*3*pressure, float64(rest), 1)
 
-		// However slow, it keeps working: the backlog drains.
-		rest, pressure = p.done(500, 500, perRow(time.Millisecond, 500))
+		// Batches that stay slower than the best: the traffic has the server; the reaper rests
+		// longer per unit of work, up to twice, however slow they get, so the backlog drains.
+		for range 20 {
+			rest, pressure = p.done(500, 500, took)
+		}
+		require.InDelta(t, 1.45, pressure, 0.05, "the best drifts up 0.2 %% a batch")
+		for range 20 {
+			rest, pressure = p.done(500, 500, perRow(time.Millisecond, 500))
+		}
 		require.Equal(t, maxReapPressure, pressure)
 		require.Equal(t, time.Duration(float64(perRow(time.Millisecond, 500))*3*maxReapPressure), rest)
 
 		// The traffic eases: back to its share.
-		_, pressure = p.done(500, 500, perRow(10*time.Microsecond, 500))
-		require.InDelta(t, 1, pressure, 1e-9)
+		for range 20 {
+			_, pressure = p.done(500, 500, perRow(10*time.Microsecond, 500))
+		}
+		require.InDelta(t, 1, pressure, 1e-3)
 	})
 
 	t.Run("ALastingChangeInCostIsLearnt", func(t *testing.T) {
@@ -53,10 +63,10 @@ func TestReapPacer(t *testing.T) {
 		p.start(500)
 		p.done(500, 500, perRow(10*time.Microsecond, 500))
 		var pressure float64
-		for range 200 {
-			_, pressure = p.done(500, 500, perRow(30*time.Microsecond, 500))
+		for range 600 {
+			_, pressure = p.done(500, 500, perRow(20*time.Microsecond, 500))
 		}
-		require.InDelta(t, 1, pressure, 1e-9, "a cost that stays is the new best")
+		require.InDelta(t, 1, pressure, 1e-3, "a cost that stays is the new best")
 	})
 
 	t.Run("BusyOneNeverRests", func(t *testing.T) {
