@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -104,7 +105,8 @@ func BenchmarkExpiredBacklog(b *testing.B) {
 // In the same run it reports the reaper's rows/s, the clients' own keys/s while it worked and
 // the ratio of the two (drain-x), and the clients' p50 and p99 without and with the reaper, with
 // the ratio of the p99s (p99-x). IDEM_BENCH_REAP_BUSY and IDEM_BENCH_REAP_BATCH_MS set ReapBusy
-// and ReapBatchTime instead of the defaults.
+// and ReapBatchTime instead of the defaults; IDEM_BENCH_REAP_WINDOW (seconds) alternates quiet
+// windows and reaping windows of that length instead of one of each.
 //
 //	IDEM_BENCH_BACKLOG=300000 go test -run '^$' -bench '^BenchmarkReap$' -benchtime 1x -count 3 -timeout 30m .
 func BenchmarkReap(b *testing.B) {
@@ -144,9 +146,6 @@ func BenchmarkReap(b *testing.B) {
 				}
 			})
 		}
-		time.Sleep(quietWindow) // the clients' latency without the reaper
-		phase.Store("reaping")
-		start := time.Now()
 		var opts []idem.Option
 		if busy, err := strconv.ParseFloat(os.Getenv("IDEM_BENCH_REAP_BUSY"), 64); err == nil {
 			opts = append(opts, idem.ReapBusy(busy))
@@ -154,8 +153,39 @@ func BenchmarkReap(b *testing.B) {
 		if ms, err := strconv.ParseFloat(os.Getenv("IDEM_BENCH_REAP_BATCH_MS"), 64); err == nil {
 			opts = append(opts, idem.ReapBatchTime(time.Duration(ms*float64(time.Millisecond))))
 		}
-		n, err := idem.Reap(ctx, pool, opts...)
-		took := time.Since(start)
+		// One quiet window, then one Reap that drains the backlog; or, with
+		// IDEM_BENCH_REAP_WINDOW (seconds), quiet windows and Reap calls cut off after that long
+		// in turn until the backlog is gone, so that whatever else loads the machine falls on
+		// both sides alike.
+		window, _ := strconv.ParseFloat(os.Getenv("IDEM_BENCH_REAP_WINDOW"), 64)
+		var (
+			n           int64
+			err         error
+			quiet, took time.Duration
+		)
+		for n < int64(backlog) && err == nil {
+			w := quietWindow
+			if window > 0 {
+				w = time.Duration(window * float64(time.Second))
+			}
+			time.Sleep(w) // the clients' latency without the reaper
+			quiet += w
+			phase.Store("reaping")
+			start := time.Now()
+			rctx, cancel := context.WithCancel(ctx)
+			if window > 0 {
+				rctx, cancel = context.WithTimeout(ctx, w)
+			}
+			var got int64
+			got, err = idem.Reap(rctx, pool, opts...)
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = nil
+			}
+			cancel()
+			took += time.Since(start)
+			n += got
+			phase.Store("quiet")
+		}
 		phase.Store("after")
 		stop.Store(true)
 		wg.Wait()
@@ -176,7 +206,7 @@ func BenchmarkReap(b *testing.B) {
 		reaped := float64(n) / took.Seconds()
 		keys := float64(len(latencies["reaping"])) / took.Seconds()
 		b.ReportMetric(reaped, "reaped/s")
-		b.ReportMetric(float64(len(latencies["quiet"]))/quietWindow.Seconds(), "quiet-keys/s")
+		b.ReportMetric(float64(len(latencies["quiet"]))/quiet.Seconds(), "quiet-keys/s")
 		b.ReportMetric(keys, "reaping-keys/s")
 		b.ReportMetric(reaped/keys, "drain-x")
 		for _, k := range []string{"quiet-p50", "quiet-p99", "reaping-p50", "reaping-p99"} {

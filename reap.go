@@ -54,7 +54,7 @@ const (
 // tuning for it: it measures each batch, sizes the next to take about [ReapBatchTime], and rests
 // between batches so that it works [ReapBusy] of the time (a quarter, by default) while its
 // batches go at the best speed per row it has seen. When they slow down, the traffic has the
-// server's CPU, locks or disk, and Reap rests longer in proportion (up to four times), taking
+// server's CPU, locks or disk, and Reap rests longer in proportion (up to twice as long), taking
 // its share back when the traffic eases. A key costs it one lock and one delete found on the
 // expiry index: with 8 clients running [Do] flat out on two cores, it drained a backlog several
 // times faster than the clients wrote keys. Call it from a ticker, or register the River job in
