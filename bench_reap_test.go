@@ -108,7 +108,7 @@ func BenchmarkExpiredBacklog(b *testing.B) {
 // and ReapBatchTime instead of the defaults; IDEM_BENCH_REAP_WINDOW (seconds) alternates quiet
 // windows and reaping windows of that length instead of one of each.
 //
-//	IDEM_BENCH_BACKLOG=300000 go test -run '^$' -bench '^BenchmarkReap$' -benchtime 1x -count 3 -timeout 30m .
+//	IDEM_BENCH_BACKLOG=300000 IDEM_BENCH_REAP_WINDOW=5 go test -run '^$' -bench '^BenchmarkReap$' -benchtime 1x -count 3 -timeout 30m .
 func BenchmarkReap(b *testing.B) {
 	const clients = 8
 	ctx := context.Background()
