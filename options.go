@@ -204,9 +204,12 @@ func ReapMax(n int64) Option {
 	}
 }
 
-// ReapBusy sets the share of its time [Reap] spends deleting, between 0 (exclusive) and 1: after
-// a batch that took t, it rests t·(1-busy)/busy. Lower leaves more room to the traffic that
-// writes keys; higher clears a backlog sooner. The default is [DefaultReapBusy].
+// ReapBusy sets the share of its time [Reap] spends deleting, between 0 (exclusive) and 1, when
+// the database is as quiet as Reap has seen it: after a batch that took t, it rests
+// t·(1-busy)/busy. When its batches cost more per row than the best one of the call (averaged
+// over the last few), the traffic has the server, and the rest grows by that factor (up to 2),
+// so the share falls and comes back when the traffic eases. Lower leaves more room to the traffic that writes keys; higher
+// clears a backlog sooner; 1 never rests. The default is [DefaultReapBusy].
 //
 //	n, err := idem.Reap(ctx, pool, idem.ReapBusy(1)) // a maintenance window: no rest
 func ReapBusy(busy float64) Option {

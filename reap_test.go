@@ -56,6 +56,22 @@ func TestReap(t *testing.T) {
 		require.Zero(t, n, "nothing left to reap")
 	})
 
+	t.Run("BigBatchesTakeOnlyWhatExpired", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// Live and expired keys side by side on the same heap pages, in batches of thousands
+		// (ReapBatchTime of a second): only the rows the expiry index found are deleted.
+		_, err := b.pool.Exec(ctx, `INSERT INTO idem_keys (scope, id, result, expires_at)
+			SELECT 's', 'k-' || i, '{}', CASE WHEN i % 3 = 0 THEN now() + interval '1 hour' ELSE now() - interval '1 second' END
+			FROM generate_series(1, 30000) i`)
+		require.NoError(t, err)
+		n, err := idem.Reap(ctx, b.pool, idem.ReapBusy(1), idem.ReapBatchTime(time.Second))
+		require.NoError(t, err)
+		require.EqualValues(t, 20000, n)
+		require.Equal(t, 10000, left(t, b, `SELECT count(*) FROM idem_keys WHERE expires_at > now()`))
+		require.Zero(t, left(t, b, `SELECT count(*) FROM idem_keys WHERE expires_at <= now()`))
+	})
+
 	t.Run("AnExpiredKeyIsNewEvenBeforeReap", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -272,19 +272,41 @@ func TestReap(t *testing.T) {
 		_, err := other.Exec(b.ctx, `SELECT FROM idem_keys WHERE id = 'locked' FOR UPDATE`)
 		require.NoError(t, err)
 
+		expiry := func(id string) time.Time {
+			var at time.Time
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT expires_at FROM idem_keys WHERE id = $1`, id).Scan(&at))
+			return at
+		}
+		older, expired := expiry("older"), expiry("expired")
+
 		reaper := b.lockedElsewhere(t)
-		n, err := b.st.ReapKeys(b.ctx, reaper, 2)
+		n, last, err := b.st.ReapKeys(b.ctx, reaper, 2, nil)
 		require.NoError(t, err)
 		require.EqualValues(t, 2, n)
+		require.NotNil(t, last)
+		require.True(t, last.Equal(older), "the batch ends at the latest expiry it deleted")
 		require.NoError(t, reaper.Commit(b.ctx))
 		for id, want := range map[string]int{"oldest": 0, "older": 0, "locked": 1, "expired": 1, "live": 1, "run": 1} {
 			require.Equal(t, want, b.count(t, "idem_keys", "s", id), id)
 		}
 
-		n, err = b.st.ReapKeys(b.ctx, b.pool, 10)
+		n, last, err = b.st.ReapKeys(b.ctx, b.pool, 10, last)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n, "a run's key expires never; its run's reaper takes it")
+		require.True(t, last.Equal(expired))
 		require.Equal(t, 1, b.count(t, "idem_keys", "s", "run"))
+
+		// Let go of the locked key: it is behind the cursor, where only a scan from the start
+		// finds it.
+		require.NoError(t, other.Rollback(b.ctx))
+		n, last, err = b.st.ReapKeys(b.ctx, b.pool, 10, last)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Nil(t, last)
+		n, _, err = b.st.ReapKeys(b.ctx, b.pool, 10, nil)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		require.Zero(t, b.count(t, "idem_keys", "s", "locked"))
 	})
 
 	t.Run("Runs", func(t *testing.T) {

@@ -1,6 +1,9 @@
 package store
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // reapStatements are the texts of the statements that delete what has expired, in short
 // batches.
@@ -10,9 +13,21 @@ type reapStatements struct {
 
 func newReapStatements(t Tables) reapStatements {
 	return reapStatements{
-		keys: t.render(`DELETE FROM {keys} k USING (
-	SELECT scope, id FROM {keys} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
-) doomed WHERE k.scope = doomed.scope AND k.id = doomed.id`),
+		// The rows are found on the expiry index, locked, and deleted by their ctid: a row locked
+		// by this statement cannot move before it is deleted, and a TID scan goes straight to
+		// its heap page. A join back on the primary key instead costs a B-tree descent per row,
+		// and past a few thousand rows the planner turns it into a hash join over a sequential
+		// scan of the whole table (5,000 rows of 300,000: 250 ms against 55 ms). The scan starts
+		// at the expiry where the last batch ended ($2): from the index's left edge it would
+		// step over the entries of every row deleted before, until a vacuum removes them (20 ms
+		// a batch, half of it, 750,000 rows into a backlog of 1,000,000).
+		keys: t.render(`WITH gone AS (
+	DELETE FROM {keys} WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM {keys} WHERE expires_at <= now() AND expires_at >= coalesce($2::timestamptz, '-infinity')
+		ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+	RETURNING expires_at
+)
+SELECT count(*), max(expires_at) FROM gone`),
 
 		runs: t.render(`WITH doomed AS (
 	SELECT scope, id FROM {runs} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
@@ -46,13 +61,15 @@ SELECT count(*) FROM gone`),
 	}
 }
 
-// ReapKeys deletes up to limit of idem.Do's expired keys, oldest expiry first, and returns how
-// many it deleted. A run's key never matches: its expiry is 'infinity'. SKIP LOCKED lets
-// concurrent reapers share the work without waiting for each other, and passes over a key that
-// a Do is replacing right now.
-func (st *Statements) ReapKeys(ctx context.Context, q Querier, limit int) (int64, error) {
-	tag, err := q.Exec(ctx, st.reap.keys, limit)
-	return tag.RowsAffected(), err
+// ReapKeys deletes up to limit of idem.Do's expired keys, oldest expiry first from after (nil:
+// from the oldest), and returns how many it deleted and the latest expiry among them, where the
+// next batch can start (nil when it deleted none). A run's key never matches: its expiry is
+// 'infinity'. SKIP LOCKED lets concurrent reapers share the work without waiting for each other,
+// and passes over a key that a Do is replacing right now; a key passed over behind the cursor is
+// left to the next call.
+func (st *Statements) ReapKeys(ctx context.Context, q Querier, limit int, after *time.Time) (n int64, last *time.Time, err error) {
+	err = q.QueryRow(ctx, st.reap.keys, limit, after).Scan(&n, &last)
+	return n, last, err
 }
 
 // ReapRuns deletes up to limit finished, expired runs with their steps, attempts, keys, signals
