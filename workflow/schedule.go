@@ -103,6 +103,7 @@ type ScheduleOpts struct {
 
 	// TimeZone is the IANA name of the zone Cron is read in, such as "Europe/Berlin"; default
 	// "UTC". The process must know it (an operating system's zoneinfo, or import time/tzdata).
+	// Every has no zone: a TimeZone other than "UTC" with it is refused.
 	TimeZone string
 
 	// Scope is the scope of the keys of the runs the schedule starts; default
@@ -352,6 +353,10 @@ func scheduleParams(name string, o *ScheduleOpts) (store.ScheduleUpsertParams, t
 	tm, err := parseTiming("ScheduleOpts.", o.Cron, o.Every, o.TimeZone)
 	if err != nil {
 		return p, nil, err
+	}
+	if o.Every != 0 && o.TimeZone != "" && o.TimeZone != "UTC" {
+		// Checked here, not in parseTiming: a stored schedule that has one keeps firing.
+		return p, nil, fmt.Errorf("workflow: ScheduleOpts.TimeZone %q has no effect on Every, which ticks at whole multiples of itself since the Unix epoch; leave TimeZone empty, or use Cron for times of day in a zone (such as \"0 0 * * *\")", o.TimeZone)
 	}
 	if p.TimeZone == "" {
 		p.TimeZone = "UTC"
