@@ -82,8 +82,8 @@ func (e *attributeLimitError) Error() string {
 
 func (e *attributeLimitError) Retryable() bool { return false }
 
-// SetAttributesTx sets attributes of the run from inside one of its Tx steps, in the step's
-// transaction t: they are written with the step's writes and checkpoint, so they change exactly
+// SetAttributesTx sets attributes of the run from inside one of its Tx steps (steps.Tx, not a
+// parallel branch's steps.GoTx), in the step's transaction t: they are written with the step's writes and checkpoint, so they change exactly
 // once, when the step commits, and a replay of the step does not write them again. A key given
 // an empty value is removed; other keys are added or replaced; keys not given stay. The run may
 // have at most MaxAttributes afterwards (a permanent error otherwise, which fails the step
@@ -103,6 +103,9 @@ func SetAttributesTx(ctx context.Context, t pgx.Tx, attrs map[string]string) err
 	rs, ok := runFrom(ctx)
 	if !ok {
 		return errors.New("workflow: SetAttributesTx was called outside a workflow: ctx must be the context a Tx step's function receives")
+	}
+	if branch, ok := ctx.Value(branchKey{}).(string); ok {
+		return fmt.Errorf("workflow: SetAttributesTx was called in step %q, a parallel branch (steps.GoTx); set attributes in a steps.Tx of the workflow's own line", branch)
 	}
 	rs.mu.Lock()
 	inStep := rs.busy != ""

@@ -209,3 +209,20 @@ func TestAttributes(t *testing.T) {
 		require.False(t, errors.Is(err, workflow.ErrLeaseLost))
 	})
 }
+
+// TestAttributesInABranchAreRefused: SetAttributesTx in a parallel branch's transaction
+// (steps.GoTx) is refused, saying so, rather than with a complaint about the transaction it was
+// handed.
+func TestAttributesInABranchAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := workflow.Define("branch-attrs", func(ctx context.Context, in int) (int, error) {
+		f := steps.GoTx(ctx, "tag", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			return 1, workflow.SetAttributesTx(ctx, tx, map[string]string{"stage": "tagged"})
+		}, &steps.Opts{MaxAttempts: 1})
+		return f.Get(ctx)
+	})
+	e := b.engine(t, fastConfig(wf))
+	_, err := wf.Run(b.ctx, e, idem.Key{Scope: "s", ID: "k"}, 1, nil)
+	require.ErrorContains(t, err, `SetAttributesTx was called in step "tag", a parallel branch (steps.GoTx); set attributes in a steps.Tx of the workflow's own line`)
+}

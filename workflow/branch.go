@@ -75,6 +75,20 @@ func (b *Branch) finish(out []byte, err error) {
 	close(b.done)
 }
 
+// branchKey marks the context a branch's function receives with the branch's name: a step or
+// patch called with it would take its position whenever the branch got there, in a race with the
+// workflow's line, and is refused (see inBranch).
+type branchKey struct{}
+
+// inBranch refuses a step or patch called with the context of a branch's function.
+func (rs *runState) inBranch(ctx context.Context, what string) error {
+	branch, ok := ctx.Value(branchKey{}).(string)
+	if !ok {
+		return nil
+	}
+	return rs.stop(&machineryError{fmt.Errorf("workflow: %s was called inside the function of step %q, a parallel branch; call steps from the workflow's function (which may start more branches), so that their order is the same on every resume", what, branch)})
+}
+
 // branches are a run's parallel branches in flight.
 type branches struct {
 	once     sync.Once
@@ -154,6 +168,7 @@ func goStep(ctx context.Context, kind, name string, opts *StepOpts, inPostgres b
 		defer rs.branches.inflight.Done()
 		defer func() { <-rs.branches.slots }()
 		sctx, span := rs.e.startStep(ctx, rs.rkey(), rs.def.Name(), kind, name, c.info.Seq, false)
+		sctx = context.WithValue(sctx, branchKey{}, name)
 		out, err := rs.attempts(sctx, c.info, &c.cfg, inPostgres, span, attempt)
 		span.end(c.info.Attempt, err)
 		b.finish(out, err)

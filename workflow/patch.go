@@ -103,6 +103,9 @@ func rs4patch(ctx context.Context, fn, id string) (*runState, int, error) {
 	if cause := context.Cause(ctx); cause != nil {
 		return nil, 0, rs.stop(cause)
 	}
+	if err := rs.inBranch(ctx, fmt.Sprintf("%s(%q)", fn, id)); err != nil {
+		return nil, 0, err
+	}
 	rs.mu.Lock()
 	if rs.end != nil {
 		defer rs.mu.Unlock()

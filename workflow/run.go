@@ -577,12 +577,8 @@ func (rs *runState) finish(ctx context.Context, state store.RunState, result []b
 		}
 		return err
 	}}}
-	if state == store.RunTimedOut {
-		// A parent that times out cancels its children, as a cancel does.
-		c := e.st.RunCancelChildrenStmt(rs.scope, rs.id, encodeFailure(parentEndedMessage(idemKey(rs), state)), e.cfg.TTL)
-		writes = append(writes, txctl.Deferred{SQL: c.SQL, Args: c.Args})
-	}
-	if rs.hasParent || rs.conc != nil {
+	timedOut := state == store.RunTimedOut
+	if rs.hasParent || rs.conc != nil || timedOut {
 		if !rs.tx.open() {
 			if err := rs.tx.begin(ctx); err != nil {
 				return rs.stop(&machineryError{err})
@@ -602,6 +598,22 @@ func (rs *runState) finish(ctx context.Context, state store.RunState, result []b
 		if err := e.admit(ctx, rs.tx.view, rs.def.Name(), *rs.conc, rs.scope, rs.id); err != nil {
 			rs.tx.rollback(ctx)
 			return rs.stop(&machineryError{fmt.Errorf("workflow: error starting a queued run: %w", err)})
+		}
+	}
+	if timedOut {
+		// A parent that times out cancels its children, as a cancel does, and a child that held
+		// a slot of its concurrency key hands it on (the run's own fence goes with COMMIT, so a
+		// run that lost its lease rolls all of it back).
+		children, err := e.st.RunCancelChildren(ctx, rs.tx.view, rs.scope, rs.id, encodeFailure(parentEndedMessage(idemKey(rs), state)), e.cfg.TTL)
+		for _, c := range children {
+			if err != nil {
+				break
+			}
+			err = e.admitEnded(ctx, rs.tx.view, idem.Key{Scope: c.Scope, ID: c.ID}, c.WasQueued)
+		}
+		if err != nil {
+			rs.tx.rollback(ctx)
+			return rs.stop(&machineryError{fmt.Errorf("workflow: error cancelling the run's children: %w", err)})
 		}
 	}
 	err := rs.tx.commit(ctx, writes...)

@@ -90,7 +90,11 @@ const maxScheduleName = 200
 type ScheduleOpts struct {
 	// Cron is a cron expression: five fields (minute hour day-of-month month day-of-week), or
 	// six with seconds first, or a descriptor (@hourly, @daily, @weekly, @monthly, @yearly), as
-	// github.com/robfig/cron/v3 parses them. Its times are in TimeZone.
+	// github.com/robfig/cron/v3 parses them. Its times are in TimeZone. An expression that
+	// names its hours ("0 2 * * *") ticks at each of its times once a day, on the days the clocks
+	// change too: at the first pass of a time the clocks go back over, and as late as the jump
+	// for a time they jump over (03:00 for 02:00 in a jump from 02:00 to 03:00). One that ticks
+	// every hour ("0 * * * *") ticks every hour of elapsed time through both.
 	Cron string
 
 	// Every makes the schedule tick at whole multiples of it since the Unix epoch (Every: time.Hour
@@ -99,6 +103,7 @@ type ScheduleOpts struct {
 
 	// TimeZone is the IANA name of the zone Cron is read in, such as "Europe/Berlin"; default
 	// "UTC". The process must know it (an operating system's zoneinfo, or import time/tzdata).
+	// Every has no zone: a TimeZone other than "UTC" with it is refused.
 	TimeZone string
 
 	// Scope is the scope of the keys of the runs the schedule starts; default
@@ -127,12 +132,66 @@ type timing interface {
 	next(t time.Time) time.Time
 }
 
+// cronTiming is a cron expression in a time zone. An expression that ticks in every hour of the
+// day ("0 * * * *", "*/5 * * * *") goes by elapsed time: it ticks in both passes of an hour the
+// clocks go back over, and loses no tick when they jump forward. Any other ("0 2 * * *") goes by
+// the wall clock, each of its times once a day: a time the clocks go back over ticks at its first
+// pass only, and a time they jump over ticks as much later as the jump (02:30 in a jump from
+// 02:00 to 03:00 ticks at 03:30), so that a daily run is neither doubled nor lost on the days the
+// clocks change.
 type cronTiming struct {
 	sched cron.Schedule
 	loc   *time.Location
+	wall  bool
 }
 
-func (c cronTiming) next(t time.Time) time.Time { return c.sched.Next(t.In(c.loc)).UTC() }
+func newCronTiming(sched cron.Schedule, loc *time.Location) cronTiming {
+	const allHours = 1<<24 - 1
+	spec, ok := sched.(*cron.SpecSchedule)
+	return cronTiming{sched: sched, loc: loc, wall: ok && spec.Hour&allHours != allHours}
+}
+
+func (c cronTiming) next(t time.Time) time.Time {
+	if !c.wall {
+		return c.sched.Next(t.In(c.loc)).UTC()
+	}
+	// Walk the wall clock's times as if they were UTC's (which has no jumps), and take the first
+	// whose instant is after t: a time the clocks jumped over, or a second pass, maps to an
+	// instant at or before one already taken.
+	l := t.In(c.loc)
+	w := time.Date(l.Year(), l.Month(), l.Day(), l.Hour(), l.Minute(), l.Second(), l.Nanosecond(), time.UTC)
+	for range 1000 {
+		w = c.sched.Next(w)
+		if w.IsZero() {
+			return w
+		}
+		if at := wallInstant(w, c.loc); at.After(t) {
+			return at.UTC()
+		}
+	}
+	return time.Time{}
+}
+
+// wallInstant is the instant at which loc's clocks show w's date and time (read as UTC's): the
+// first of two when the clocks go back over it, and as much after it as the jump when they jump
+// over it.
+func wallInstant(w time.Time, loc *time.Location) time.Time {
+	_, before := w.Add(-36 * time.Hour).In(loc).Zone()
+	_, after := w.Add(36 * time.Hour).In(loc).Zone()
+	var first time.Time
+	for _, off := range []int{before, after} {
+		at := w.Add(-time.Duration(off) * time.Second)
+		l := at.In(loc)
+		same := time.Date(l.Year(), l.Month(), l.Day(), l.Hour(), l.Minute(), l.Second(), l.Nanosecond(), time.UTC).Equal(w)
+		if same && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	if first.IsZero() {
+		return w.Add(-time.Duration(before) * time.Second)
+	}
+	return first
+}
 
 type everyTiming struct{ us int64 }
 
@@ -175,7 +234,7 @@ func parseTiming(prefix, spec string, every time.Duration, zone string) (timing,
 	if err != nil {
 		return nil, fmt.Errorf("workflow: %sCron %q is not a cron expression (minute hour day-of-month month day-of-week, such as \"0 2 * * *\"): %w", prefix, spec, err)
 	}
-	return cronTiming{sched: sched, loc: loc}, nil
+	return newCronTiming(sched, loc), nil
 }
 
 func loadZone(prefix, zone string) (*time.Location, error) {
@@ -294,6 +353,10 @@ func scheduleParams(name string, o *ScheduleOpts) (store.ScheduleUpsertParams, t
 	tm, err := parseTiming("ScheduleOpts.", o.Cron, o.Every, o.TimeZone)
 	if err != nil {
 		return p, nil, err
+	}
+	if o.Every != 0 && o.TimeZone != "" && o.TimeZone != "UTC" {
+		// Checked here, not in parseTiming: a stored schedule that has one keeps firing.
+		return p, nil, fmt.Errorf("workflow: ScheduleOpts.TimeZone %q has no effect on Every, which ticks at whole multiples of itself since the Unix epoch; leave TimeZone empty, or use Cron for times of day in a zone (such as \"0 0 * * *\")", o.TimeZone)
 	}
 	if p.TimeZone == "" {
 		p.TimeZone = "UTC"

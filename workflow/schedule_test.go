@@ -104,6 +104,8 @@ func TestScheduleBadInput(t *testing.T) {
 		{"s", &workflow.ScheduleOpts{Cron: "0 2 * * *", Every: time.Hour}, "ScheduleOpts.Cron and ScheduleOpts.Every cannot both be set"},
 		{"s", &workflow.ScheduleOpts{Every: 1500 * time.Millisecond}, "ScheduleOpts.Every must be a whole number of seconds, at least one (got 1.5s)"},
 		{"s", &workflow.ScheduleOpts{Every: -time.Second}, "ScheduleOpts.Every must be a whole number of seconds"},
+		{"s", &workflow.ScheduleOpts{Every: 24 * time.Hour, TimeZone: "Europe/Berlin"}, `ScheduleOpts.TimeZone "Europe/Berlin" has no effect on Every`},
+		{"s", &workflow.ScheduleOpts{Every: time.Hour, TimeZone: "Mars/Olympus"}, `ScheduleOpts.TimeZone "Mars/Olympus" has no effect on Every`},
 		{"s", &workflow.ScheduleOpts{Every: time.Hour, Overlap: "queue"}, `ScheduleOpts.Overlap "queue" is not an overlap policy`},
 		{"s", &workflow.ScheduleOpts{Every: time.Hour, CatchUp: "some"}, `ScheduleOpts.CatchUp "some" is not a catch-up policy`},
 		{"s", &workflow.ScheduleOpts{Every: time.Hour, Scope: "a\x00b"}, "ScheduleOpts.Scope is not a key's scope"},

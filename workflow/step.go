@@ -244,6 +244,9 @@ func claimStep(ctx context.Context, kind, name string, opts *StepOpts, main bool
 	if cause := context.Cause(ctx); cause != nil {
 		return c, rs.stop(cause)
 	}
+	if err := rs.inBranch(ctx, fmt.Sprintf("step %q", name)); err != nil {
+		return c, err
+	}
 
 	rs.mu.Lock()
 	if rs.end != nil {

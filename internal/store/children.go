@@ -131,9 +131,3 @@ func (st *Statements) RunOverdueParents(ctx context.Context, q Querier, limit in
 		return p, err
 	})
 }
-
-// RunCancelChildrenStmt is RunCancelChildren as a statement queued for COMMIT, for a parent's
-// final transaction.
-func (st *Statements) RunCancelChildrenStmt(scope, id string, output []byte, ttl time.Duration) Stmt {
-	return Stmt{SQL: st.children.cancelChildren, Args: []any{scope, id, output, micros(ttl)}}
-}

@@ -101,14 +101,6 @@ func TestRunCancelChildren(t *testing.T) {
 		require.Equal(t, want, b.stored(t, "s", id).State, id)
 	}
 	require.Equal(t, `{"error":"with its parent"}`, string(b.stored(t, "s", "c1").Output))
-
-	// The statement form, queued for a parent's COMMIT, does the same.
-	b.insertRun(t, run{scope: "s", id: "p2"})
-	b.enqueueChild(t, b.pool, "k", "p2", 1, store.ParentCancel)
-	s := b.st.RunCancelChildrenStmt("s", "p2", []byte(`{}`), time.Hour)
-	_, err = s.Exec(b.ctx, b.pool)
-	require.NoError(t, err)
-	require.Equal(t, store.RunCancelled, b.stored(t, "s", "k").State)
 }
 
 func TestRunChildren(t *testing.T) {

@@ -29,8 +29,19 @@ func newReapStatements(t Tables) reapStatements {
 )
 SELECT count(*), max(expires_at) FROM gone`),
 
-		runs: t.render(`WITH doomed AS (
-	SELECT scope, id FROM {runs} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
+		// A finished child whose parent is unfinished is kept, since the parent may still wait
+		// for its outcome: it is looked at again when it is twice as old (so a child of a parent
+		// that runs for months costs a few updates), and goes at the first look after its
+		// parent has finished.
+		runs: t.render(`WITH due AS (
+	SELECT scope, id, parent_scope, parent_id FROM {runs} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), held AS (
+	UPDATE {runs} r SET expires_at = now() + greatest(now() - coalesce(r.finished_at, r.updated_at), interval '1 second')
+	FROM due d WHERE r.scope = d.scope AND r.id = d.id AND d.parent_id IS NOT NULL AND EXISTS (
+		SELECT FROM {runs} p WHERE p.scope = d.parent_scope AND p.id = d.parent_id AND p.state NOT IN ` + finishedStates + `)
+	RETURNING r.scope, r.id
+), doomed AS (
+	SELECT scope, id FROM due d WHERE NOT EXISTS (SELECT FROM held h WHERE h.scope = d.scope AND h.id = d.id)
 ), runs AS (
 	DELETE FROM {runs} r USING doomed d WHERE r.scope = d.scope AND r.id = d.id RETURNING r.scope, r.id
 ), steps AS (
