@@ -259,8 +259,8 @@ func (rt *runTx) commit(ctx context.Context, extra ...txctl.Deferred) error {
 }
 
 // commitFenced is commit for extra writes whose first statement fences the run by itself (the
-// outcome's, which fails unless the writer holds the lease): no checkpoint takes the run's row
-// lock before it, one record less in the write-ahead log.
+// outcome's, which fails unless the writer holds the lease): they go first, and no checkpoint
+// takes the run's row lock, one record less in the write-ahead log.
 func (rt *runTx) commitFenced(ctx context.Context, extra ...txctl.Deferred) error {
 	return rt.commitWith(ctx, true, extra)
 }
@@ -275,6 +275,14 @@ func (rt *runTx) commitWith(ctx context.Context, fenced bool, extra []txctl.Defe
 		}
 	}
 	st := rt.rs.e.st
+	if fenced {
+		// The fencing statement goes first, as a checkpoint's fence would: a writer that lost
+		// the lease fails there at once, before a checkpoint's row could wait for the same row
+		// of the run's new owner.
+		for _, d := range extra {
+			rt.attempt.Queue(d)
+		}
+	}
 	if p := rt.held; p != nil {
 		// The start's transaction inserted the run's row, which no other transaction sees before
 		// it commits: there is nothing to fence against.
@@ -288,8 +296,10 @@ func (rt *runTx) commitWith(ctx context.Context, fenced bool, extra []txctl.Defe
 	for _, p := range rt.pending {
 		rt.attempt.Queue(rt.rs.deferredCheckpoint(st.StepCheckpointInFenced(p), p.Name))
 	}
-	for _, d := range extra {
-		rt.attempt.Queue(d)
+	if !fenced {
+		for _, d := range extra {
+			rt.attempt.Queue(d)
+		}
 	}
 	var err error
 	if rt.own != nil {
