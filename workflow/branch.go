@@ -191,7 +191,7 @@ func (rs *runState) branchTx(ctx context.Context, s *StepInfo, body func(ctx con
 		bt.rollback(ctx)
 		return nil, err
 	}
-	bt.hold(rs.deferredCheckpoint(rs.e.st.StepCheckpoint(rs.checkpointParams(s, out, nil)), s.Name), s.Name)
+	bt.hold(rs.checkpointParams(s, out, nil))
 	if err := bt.commit(ctx); err != nil {
 		if stopped := rs.stopped(); stopped != nil {
 			return nil, stopped // the checkpoint's fence: the lease is gone

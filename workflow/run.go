@@ -616,7 +616,7 @@ func (rs *runState) finish(ctx context.Context, state store.RunState, result []b
 			return rs.stop(&machineryError{fmt.Errorf("workflow: error cancelling the run's children: %w", err)})
 		}
 	}
-	err := rs.tx.commit(ctx, writes...)
+	err := rs.tx.commitFenced(ctx, writes...)
 	if err != nil {
 		return rs.commitFailed(ctx, "(the run's outcome)", err)
 	}

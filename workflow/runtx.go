@@ -20,9 +20,12 @@ import (
 //   - start: the run's first transaction opens with its start (BEGIN, the key's in-flight lock
 //     and the run's row, in one round trip), before any workflow code runs;
 //   - a Tx step runs in the open transaction when it holds only the start, and in a new one
-//     otherwise; its checkpoint is queued for COMMIT, and the transaction stays open ("held")
-//     until the run's next step boundary, so that the run's outcome commits with its last step.
-//     A failed attempt of a first step that shares the start's transaction rolls it all back
+//     otherwise; its checkpoint goes with COMMIT, and the transaction stays open ("held") until
+//     the run's next step boundary, so that the run's outcome commits with its last step. The
+//     checkpoint fences the run (locks its row under the lease's token) only when nothing else in
+//     the transaction does: the start's transaction inserted the row, which no one else can see
+//     until it commits, and the outcome's statement fences by itself (a row lock is a record in
+//     the write-ahead log, one per checkpoint that takes it). A failed attempt of a first step that shares the start's transaction rolls it all back
 //     (a savepoint would cost every run a subtransaction for a rare failure), and the start is
 //     sent again before the next attempt, or with the failed attempt's record;
 //   - a Call's checkpoint waits (pending) for the next transaction that commits;
@@ -54,6 +57,8 @@ type runTx struct {
 	start bool   // the open transaction carries the run's start: committing it makes the run exist
 	step  string // the Tx step whose writes it holds, "" for none
 	clean bool   // only the start is in it: a Tx step may share it
+
+	held *store.CheckpointParams // the checkpoint of the Tx step the open transaction holds, sent with COMMIT
 
 	params  store.RunStartParams     // the run's start, to be sent again after undoStep rolled it back
 	resend  bool                     // the start was rolled back and must be sent again
@@ -220,11 +225,11 @@ func (rt *runTx) forStep(ctx context.Context) (t pgx.Tx, shared bool, err error)
 	return rt.view, false, nil
 }
 
-// hold keeps the open transaction, with the step's checkpoint queued for its COMMIT, until the
-// run's next boundary.
-func (rt *runTx) hold(d txctl.Deferred, step string) {
-	rt.attempt.Queue(d)
-	rt.step, rt.clean = step, false
+// hold keeps the open transaction, with the step's checkpoint p to go with its COMMIT, until the
+// run's next boundary. The checkpoint is queued at COMMIT, after whatever the step's body queued,
+// when it is known whether another statement of the transaction fences the run.
+func (rt *runTx) hold(p store.CheckpointParams) {
+	rt.held, rt.step, rt.clean = &p, p.Name, false
 }
 
 // undoStep takes back what a failed attempt of a Tx step wrote: its transaction is rolled back.
@@ -243,12 +248,24 @@ func (rt *runTx) undoStep(ctx context.Context) {
 // queue keeps a Call's checkpoint for the next transaction that commits.
 func (rt *runTx) queue(p store.CheckpointParams) { rt.pending = append(rt.pending, p) }
 
-// commit commits the open transaction with the pending checkpoints and extra queued last, opening
-// one for them when none is open (one round trip: BEGIN, the writes and COMMIT in a batch). Each
-// queued write comes after a statement that fences the run (a Tx step's checkpoint, a wait's
-// lock, the outcome), so the pending checkpoints need no fence of their own. On failure the
+// commit commits the open transaction with the held step's checkpoint, the pending checkpoints
+// and extra queued last, opening one for them when none is open (one round trip: BEGIN, the
+// writes and COMMIT in a batch). Each queued write goes with a statement that fences the run (a
+// Tx step's checkpoint, a wait's lock, flushFenced's checkpoints), or in the transaction that
+// inserted the run's row, so the pending checkpoints need no fence of their own. On failure the
 // transaction is rolled back and the pending checkpoints stay.
 func (rt *runTx) commit(ctx context.Context, extra ...txctl.Deferred) error {
+	return rt.commitWith(ctx, false, extra)
+}
+
+// commitFenced is commit for extra writes whose first statement fences the run by itself (the
+// outcome's, which fails unless the writer holds the lease): they go first, and no checkpoint
+// takes the run's row lock, one record less in the write-ahead log.
+func (rt *runTx) commitFenced(ctx context.Context, extra ...txctl.Deferred) error {
+	return rt.commitWith(ctx, true, extra)
+}
+
+func (rt *runTx) commitWith(ctx context.Context, fenced bool, extra []txctl.Deferred) error {
 	if !rt.open() {
 		if len(rt.pending) == 0 && len(extra) == 0 {
 			return nil
@@ -258,11 +275,31 @@ func (rt *runTx) commit(ctx context.Context, extra ...txctl.Deferred) error {
 		}
 	}
 	st := rt.rs.e.st
+	if fenced {
+		// The fencing statement goes first, as a checkpoint's fence would: a writer that lost
+		// the lease fails there at once, before a checkpoint's row could wait for the same row
+		// of the run's new owner.
+		for _, d := range extra {
+			rt.attempt.Queue(d)
+		}
+	}
+	if p := rt.held; p != nil {
+		// The start's transaction inserted the run's row, which no other transaction sees before
+		// it commits: there is nothing to fence against.
+		s := st.StepCheckpoint(*p)
+		if fenced || rt.start {
+			s = st.StepCheckpointInFenced(*p)
+		}
+		rt.attempt.Queue(rt.rs.deferredCheckpoint(s, p.Name))
+		rt.held = nil
+	}
 	for _, p := range rt.pending {
 		rt.attempt.Queue(rt.rs.deferredCheckpoint(st.StepCheckpointInFenced(p), p.Name))
 	}
-	for _, d := range extra {
-		rt.attempt.Queue(d)
+	if !fenced {
+		for _, d := range extra {
+			rt.attempt.Queue(d)
+		}
 	}
 	var err error
 	if rt.own != nil {
@@ -357,5 +394,5 @@ func (rt *runTx) close(ctx context.Context, rollback bool) {
 		rt.conn.Release()
 	}
 	rt.conn, rt.real, rt.own, rt.view, rt.attempt = nil, nil, nil, nil, nil
-	rt.start, rt.step, rt.clean = false, "", false
+	rt.start, rt.step, rt.clean, rt.held = false, "", false, nil
 }

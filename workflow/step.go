@@ -492,7 +492,7 @@ func (rs *runState) stepTx(ctx context.Context, s *StepInfo, body func(ctx conte
 		err = rs.checkStepOutput(s, out) // then the step's writes are undone, as for any failure
 	}
 	if err == nil {
-		rs.tx.hold(rs.deferredCheckpoint(rs.e.st.StepCheckpoint(rs.checkpointParams(s, out, nil)), s.Name), s.Name)
+		rs.tx.hold(rs.checkpointParams(s, out, nil))
 		return out, nil
 	}
 	rs.tx.undoStep(ctx)

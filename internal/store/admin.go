@@ -406,8 +406,8 @@ type RunCursor struct {
 
 // RunList lists runs, newest first. Only the filters that are set are in the statement's text,
 // so that the planner sees plain predicates that idem_runs' indexes serve: idem_runs_created for
-// the order and the cursor, idem_runs_state, idem_runs_workflow and idem_runs_version when
-// filtering by them, and idem_runs_attributes for attributes.
+// the order and the cursor, idem_runs_state and idem_runs_workflow when filtering by them (a
+// version's unfinished runs through their states), and idem_runs_attributes for attributes.
 func (st *Statements) RunList(ctx context.Context, q Querier, f RunFilter) ([]*RunRecord, error) {
 	sql, args := st.listRuns(f)
 	rows, err := q.Query(ctx, sql, args...)

@@ -139,6 +139,7 @@ WHERE scope = $1 AND id = $2 AND state = 'running' AND lease_expires_at <= {now}
 	AND lease_token IS NOT DISTINCT FROM $4
 ` + claimReturning),
 
+		// A HOT update: no index of idem_runs reads lease_expires_at (see scan).
 		renew: t.render(`UPDATE {runs} SET lease_expires_at = {now} + $4::int8 @us
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
@@ -156,7 +157,10 @@ SELECT 1 / count(*)::int FROM finished`),
 WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'`),
 
 		// SKIP LOCKED passes over runs whose owner is committing a step right now (its
-		// checkpoint holds the row) and over runs another scan is handling.
+		// checkpoint holds the row) and over runs another scan is handling. The running runs,
+		// as many as are being worked on, are read through idem_runs_state and sorted: no index
+		// on lease_expires_at, so that renewing a lease or taking it over is a HOT update that
+		// writes no index entry.
 		scan: t.render(`SELECT scope, id, attempts, (extract(epoch FROM lease_expires_at) * 1000000)::int8
 FROM {runs} WHERE state = 'running' AND lease_expires_at <= {now}
 ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED`),
