@@ -123,6 +123,10 @@ func TestCLI(t *testing.T) {
 			require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
 			require.NotEmpty(t, r.stderr)
 		}
+		// A negative step is named as such, not taken for a missing flag.
+		r = b.idem(t, "runs", "fork", "s", "a", "b", "--from", "-3")
+		require.Equal(t, 2, r.code, r.stderr)
+		require.Contains(t, r.stderr, "--from is -3")
 		// No database at all.
 		cmd := exec.Command(bin, "keys", "get", "s", "k")
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}

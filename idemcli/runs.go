@@ -305,6 +305,9 @@ var runsForkCmd = &command{
 		if err != nil {
 			return err
 		}
+		if c.fromStep < 0 {
+			return usagef("--from is %d: give the first step to run again, a step number from 1 (idem runs show lists them)", c.fromStep)
+		}
 		if c.fromStep < 1 {
 			return usagef("--from is required: the first step to run again, from 1")
 		}
