@@ -29,7 +29,8 @@ type ChildOpts struct {
 	ID string
 
 	// Abandon leaves the child running when its parent is cancelled or times out. By default a
-	// parent's cancel (or timeout) cancels its unfinished children, and theirs.
+	// parent's cancel (or timeout) cancels its unfinished children, and theirs. A parent that
+	// ends done or failed leaves its unfinished children running either way.
 	Abandon bool
 
 	// Timeout gives the child a deadline, as RunOpts.Timeout does for a run. Default 0: none.
