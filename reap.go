@@ -79,7 +79,7 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 	tel := telemetry.For(cfg.tracerProvider, cfg.meterProvider)
 	ctx, span := tel.Tracer.Start(ctx, "idem.Reap", trace.WithSpanKind(trace.SpanKindInternal))
 	defer span.End()
-	r := &reaper{cfg: cfg, pace: pacer{busy: cfg.reapBusy, batchTime: cfg.reapBatchTime}}
+	r := &reaper{cfg: cfg, tel: tel, pace: pacer{busy: cfg.reapBusy, batchTime: cfg.reapBatchTime}}
 	var after *time.Time // where the last batch of keys ended
 	keys, err := r.drain(ctx, "do", 500, func(ctx context.Context, limit int) (int64, error) {
 		n, last, err := st.ReapKeys(ctx, db, limit, after)
@@ -88,19 +88,16 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 		}
 		return n, err
 	})
-	tel.Reaped.Add(ctx, keys, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("do"))))
 	var runs int64
 	if err == nil {
 		// Runs take their steps with them: start smaller.
 		runs, err = r.drain(ctx, "run", 100, func(ctx context.Context, limit int) (int64, error) { return st.ReapRuns(ctx, db, limit) })
-		tel.Reaped.Add(ctx, runs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("run"))))
 	}
 	var msgs int64
 	if err == nil {
 		msgs, err = r.drain(ctx, "outbox", 500, func(ctx context.Context, limit int) (int64, error) {
 			return st.ReapOutbox(ctx, db, limit, cfg.outboxRetention.Microseconds())
 		})
-		tel.Reaped.Add(ctx, msgs, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String("outbox"))))
 	}
 	if span.IsRecording() {
 		span.SetAttributes(attribute.Int64("idem.reaped.do", keys), attribute.Int64("idem.reaped.run", runs),
@@ -115,17 +112,19 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 
 type reaper struct {
 	cfg   *config
+	tel   *telemetry.Set
 	pace  pacer
 	total int64
-	what  string // "do", "run" or "outbox", for the log
 }
 
 // drain deletes in batches with del, each of batch rows to begin with, until a batch comes back
-// short.
-func (r *reaper) drain(ctx context.Context, what string, batch int, del func(ctx context.Context, limit int) (int64, error)) (int64, error) {
-	r.what = what
+// short, and counts what it deleted in the metric under what ("do", "run" or "outbox"), as the
+// log does.
+func (r *reaper) drain(ctx context.Context, what string, batch int, del func(ctx context.Context, limit int) (int64, error)) (deleted int64, _ error) {
+	defer func() {
+		r.tel.Reaped.Add(ctx, deleted, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String(what))))
+	}()
 	r.pace.start(batch)
-	var deleted int64
 	for {
 		limit := r.pace.batch
 		if r.cfg.reapMax > 0 {
@@ -147,11 +146,11 @@ func (r *reaper) drain(ctx context.Context, what string, batch int, del func(ctx
 		deleted += n
 		r.total += n
 		if n < int64(limit) {
-			r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", r.what, "keys", n, "limit", limit, "took", took)
+			r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", what, "keys", n, "limit", limit, "took", took)
 			return deleted, nil
 		}
 		rest, pressure := r.pace.done(int(n), limit, took)
-		r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", r.what, "keys", n, "limit", limit, "took", took,
+		r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", what, "keys", n, "limit", limit, "took", took,
 			"pressure", pressure, "rest", rest)
 		if err := backoff.Sleep(ctx, rest); err != nil {
 			return deleted, fmt.Errorf("idem: stopped reaping after %d keys: %w", deleted, err)
