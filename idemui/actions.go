@@ -277,7 +277,7 @@ func (h *Handler) do(ctx context.Context, d *confirmData, form url.Values, attrs
 		}
 		newKey := idem.Key{Scope: d.Scope, ID: strings.TrimSpace(form.Get("new_id"))}
 		if err := idem.ValidateID(newKey.ID); err != nil {
-			return "", badf("new_id", "%s", strings.TrimPrefix(err.Error(), "idem: invalid key: "))
+			return "", badKey("new_id", err)
 		}
 		*attrs = append(*attrs, "from_step", step, h.keyLog("new_", newKey))
 		to := h.link("/run", "scope", newKey.Scope, "id", newKey.ID, "done", "fork")

@@ -46,7 +46,7 @@ func (h *Handler) keysPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := key.Validate(); err != nil {
-		h.badRequest(w, r, badf("scope and id", "%s", strings.TrimPrefix(err.Error(), "idem: invalid key: ")))
+		h.badRequest(w, r, badKey("scope and id", err))
 		return
 	}
 	info, err := idem.KeyGet(r.Context(), h.db, key, h.keyOpts...)

@@ -3,6 +3,7 @@ package idemui
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/redact"
 )
 
@@ -79,6 +81,16 @@ func (e *badField) Error() string { return e.field + ": " + e.msg }
 
 func badf(field, format string, args ...any) error {
 	return &badField{field: field, msg: fmt.Sprintf(format, args...)}
+}
+
+// badKey is badf for a key that idem refused: the field, and what idem says is wrong with it
+// (its InvalidKeyError's Reason).
+func badKey(field string, err error) error {
+	var invalid *idem.InvalidKeyError
+	if errors.As(err, &invalid) {
+		return badf(field, "%s", invalid.Reason)
+	}
+	return badf(field, "%s", err)
 }
 
 func (h *Handler) funcs() template.FuncMap {

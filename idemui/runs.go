@@ -106,7 +106,7 @@ func (h *Handler) parseRunFilter(q url.Values) (*runFilter, *workflow.RunListPar
 	}
 	if f.Scope != "" {
 		if err := (idem.Key{Scope: f.Scope, ID: "x"}).Validate(); err != nil {
-			return f, nil, badf("scope", "%s", strings.TrimPrefix(err.Error(), "idem: invalid key: "))
+			return f, nil, badKey("scope", err)
 		}
 	}
 	return f, p, nil
@@ -233,7 +233,7 @@ func runKey(q url.Values) (idem.Key, error) {
 		return key, badf("id", "missing: the run's key is its scope and id")
 	}
 	if err := key.Validate(); err != nil {
-		return key, badf("scope and id", "%s", strings.TrimPrefix(err.Error(), "idem: invalid key: "))
+		return key, badKey("scope and id", err)
 	}
 	return key, nil
 }
