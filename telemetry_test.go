@@ -90,3 +90,37 @@ func TestTelemetry(t *testing.T) {
 	}
 	require.Equal(t, map[string]int64{"run": 1, "replay": 1, "mismatch": 1, "in_flight": 1}, counts)
 }
+
+// TestReapTelemetry checks that Reap counts what it deleted in idem.reaped, by kind.
+func TestReapTelemetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(ctx) })
+	_, err := b.pool.Exec(ctx, `INSERT INTO idem_keys (scope, id, result, expires_at)
+		SELECT 's', 'expired-' || i, '{}', now() - interval '1 second' FROM generate_series(1, 3) i`)
+	require.NoError(t, err)
+	b.seedRun(t, "s", "run-done-expired", "payout", "done", "now() - interval '1 second'")
+
+	n, err := idem.Reap(ctx, b.pool, idem.ReapBusy(1), idem.MeterProvider(mp))
+	require.NoError(t, err)
+	require.EqualValues(t, 4, n)
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	counts := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "idem.reaped" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				v, _ := dp.Attributes.Value("idem.what")
+				counts[v.AsString()] += dp.Value
+			}
+		}
+	}
+	require.Equal(t, map[string]int64{"do": 3, "run": 1, "outbox": 0}, counts)
+}
