@@ -42,7 +42,9 @@ func TestChildOutcomeOutlivesItsTTLWhileTheParentRuns(t *testing.T) {
 	eventually(t, 10*time.Second, "the child to finish", func() bool {
 		return b.count(t, `SELECT count(*) FROM idem_runs WHERE workflow = 'quick' AND state = 'done'`) == 1
 	})
-	time.Sleep(1500 * time.Millisecond) // past the child's TTL
+	eventually(t, 10*time.Second, "the child to be past its TTL", func() bool {
+		return b.count(t, `SELECT count(*) FROM idem_runs WHERE workflow = 'quick' AND expires_at <= now()`) == 1
+	})
 	_, err = workflow.Reap(b.ctx, e)
 	require.NoError(t, err)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE workflow = 'quick'`), "the child is kept while its parent runs")

@@ -33,4 +33,7 @@ func StopOwnScan(e *Engine) {
 func SetScheduleClock(e *Engine, now func() time.Time) { e.schedClock.Store(&now) }
 
 // FireSchedules runs one pass of e's scheduler, as its loop does.
-func FireSchedules(ctx context.Context, e *Engine) error { return e.fireSchedules(ctx) }
+func FireSchedules(ctx context.Context, e *Engine) error {
+	_, err := e.fireSchedules(ctx)
+	return err
+}

@@ -93,7 +93,7 @@ func (e *Engine) scanOnce(ctx context.Context) (time.Duration, error) {
 	// The schedules' transaction only when one is due: one statement a pass otherwise.
 	tick, ok, err := e.st.ScheduleNextDue(ctx, e.db, e.clockNow())
 	if err == nil && ok && tick <= 0 {
-		if err := e.fireSchedules(ctx); err != nil {
+		if _, err := e.fireSchedules(ctx); err != nil {
 			return 0, err
 		}
 		tick, ok, err = e.st.ScheduleNextDue(ctx, e.db, e.clockNow())

@@ -126,7 +126,9 @@ type scanWorker struct {
 }
 
 func (w *scanWorker) Work(ctx context.Context, _ *river.Job[ScanArgs]) error {
-	return errors.Join(w.e.scan(ctx), w.e.scanOverdue(ctx), w.e.fireSchedules(ctx))
+	err := errors.Join(w.e.scan(ctx), w.e.scanOverdue(ctx))
+	_, ferr := w.e.fireSchedules(ctx)
+	return errors.Join(err, ferr)
 }
 
 // scan inserts a resume job for each run whose lease expired, in the transaction that holds

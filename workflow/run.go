@@ -702,8 +702,8 @@ func (e *Engine) diverged(ctx context.Context, rs *runState, nd *NonDeterminismE
 	}
 	e.tel.Diverged.Add(ctx, 1, metric.WithAttributes(telemetry.Workflow.String(rs.def.Name())))
 	e.log.WarnContext(ctx, "workflow: run's code diverged from its history; the run failed", "workflow", rs.def.Name(), "scope", rs.scope,
-		"id", rs.id, "version", e.cfg.Version, "step", nd.Seq, "stored", nd.StoredKind+" "+nd.StoredName,
-		"called", strings.TrimSpace(nd.CalledKind+" "+nd.CalledName), "error", nd.Error())
+		e.keys.Log(rs.rkey()), "version", e.cfg.Version, "step", nd.Seq, "stored", nd.StoredKind+" "+nd.StoredName,
+		"called", strings.TrimSpace(nd.CalledKind+" "+nd.CalledName), e.keys.Error(nd, rs.rkey()))
 	return finished(nil, failedFromStored(rs.def.Name(), idemKey(rs), result))
 }
 

@@ -57,14 +57,9 @@ func (e *Engine) poke() {
 }
 
 // fireSchedules starts the runs of every due tick, one schedule per transaction, until none is
-// due (at most maxFiringsPerPass schedules; the loop comes back at once for the rest).
-func (e *Engine) fireSchedules(ctx context.Context) error {
-	_, err := e.firePass(ctx)
-	return err
-}
-
-// firePass is fireSchedules, and says how many schedules it fired.
-func (e *Engine) firePass(ctx context.Context) (fired int, err error) {
+// due (at most maxFiringsPerPass schedules; the loop comes back at once for the rest), and says
+// how many schedules it fired.
+func (e *Engine) fireSchedules(ctx context.Context) (fired int, err error) {
 	jobs, err := e.jobs(ctx)
 	if err != nil {
 		return 0, err

@@ -53,7 +53,7 @@ func init() {
 		return fmt.Errorf("workflow: no worker for jobs of kind %q", kind)
 	}
 	wfseam.FireSchedules = func(ctx context.Context, engine any) (int, error) {
-		return engine.(*Engine).firePass(ctx)
+		return engine.(*Engine).fireSchedules(ctx)
 	}
 	wfseam.Snoozed = func(err error) (time.Duration, bool) {
 		var snooze *rivertype.JobSnoozeError

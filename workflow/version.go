@@ -4,6 +4,8 @@ import (
 	"context"
 	"runtime/debug"
 	"slices"
+
+	"github.com/idemkit/idem/internal/redact"
 )
 
 // UnknownVersion is Config.Version's default when the binary carries no VCS revision (a test
@@ -51,6 +53,6 @@ func (e *Engine) resumes(version string) bool {
 
 // leaveToVersion logs that this engine leaves a run to an engine of the run's version.
 func (e *Engine) leaveToVersion(ctx context.Context, workflow, scope, id, version, by string) {
-	e.log.InfoContext(ctx, "workflow: leaving run to an engine of its version", "workflow", workflow, "scope", scope, "id", id,
+	e.log.InfoContext(ctx, "workflow: leaving run to an engine of its version", "workflow", workflow, "scope", scope, e.keys.Log(redact.Key{Scope: scope, ID: id}),
 		"run_version", version, "engine_version", e.cfg.Version, "resume_versions", e.cfg.ResumeVersions, "by", by)
 }

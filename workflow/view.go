@@ -3,7 +3,6 @@ package workflow
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -163,11 +162,12 @@ func (e *Engine) RunActivity(ctx context.Context, key idem.Key) (*RunActivity, e
 }
 
 // traceID is the trace id of a W3C traceparent (version-traceid-parentid-flags), "" when tp is
-// not one.
+// not one: read as a resume reads it (storedSpan), so that the view links the trace the run's
+// spans joined.
 func traceID(tp string) string {
-	parts := strings.Split(tp, "-")
-	if len(parts) != 4 || len(parts[1]) != 32 || strings.Trim(parts[1], "0123456789abcdef") != "" || strings.Trim(parts[1], "0") == "" {
+	sc, ok := storedSpan(tp)
+	if !ok {
 		return ""
 	}
-	return parts[1]
+	return sc.TraceID().String()
 }
