@@ -93,7 +93,12 @@ func TestRelay(t *testing.T) {
 			})
 			second <- id
 		}()
-		time.Sleep(200 * time.Millisecond) // the second writer is waiting on the key
+		holder := first.Conn().PgConn().PID()
+		waitFor(t, 10*time.Second, "the second writer to wait on the key", func() bool {
+			var waiting bool
+			err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::int4 = ANY(pg_blocking_pids(pid)))`, holder).Scan(&waiting)
+			return err == nil && waiting
+		})
 		require.NoError(t, first.Commit(b.ctx))
 		id2 := <-second
 		b.waitPublished(t, 2)
