@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -115,8 +117,8 @@ var outboxShowCmd = &command{
 		t.row("published", stampPtr(m.Published))
 		t.row("attempts", strconv.Itoa(m.Attempts))
 		t.row("last error", orDash(m.LastError))
-		for k, v := range m.Headers {
-			t.row("header "+k, v)
+		for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
+			t.row("header "+k, m.Headers[k])
 		}
 		payload := fmt.Sprintf("%d bytes", len(m.Payload))
 		if utf8.Valid(m.Payload) && len(m.Payload) > 0 {

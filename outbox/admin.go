@@ -137,7 +137,7 @@ func List(ctx context.Context, db Querier, p *ListParams, opts ...Option) ([]*In
 //
 //	err := outbox.Retry(ctx, pool, id)
 func Retry(ctx context.Context, db idem.Beginner, id uuid.UUID, opts ...Option) error {
-	return setStatus(ctx, db, id, "", []string{"stopped", "dead", "skipped"}, "retry", opts)
+	return setStatus(ctx, db, id, "", []string{"stopped", "dead", "skipped"}, "retry", "retried", opts)
 }
 
 // Skip sets a stopped or dead-lettered message aside for good: it will not be published, and its
@@ -145,10 +145,10 @@ func Retry(ctx context.Context, db idem.Beginner, id uuid.UUID, opts ...Option) 
 //
 //	err := outbox.Skip(ctx, pool, id)
 func Skip(ctx context.Context, db idem.Beginner, id uuid.UUID, opts ...Option) error {
-	return setStatus(ctx, db, id, "skipped", []string{"stopped", "dead"}, "skip", opts)
+	return setStatus(ctx, db, id, "skipped", []string{"stopped", "dead"}, "skip", "skipped", opts)
 }
 
-func setStatus(ctx context.Context, db idem.Beginner, id uuid.UUID, status string, from []string, verb string, opts []Option) error {
+func setStatus(ctx context.Context, db idem.Beginner, id uuid.UUID, status string, from []string, verb, done string, opts []Option) error {
 	cfg := newConfig(opts)
 	if cfg.err != nil {
 		return cfg.err
@@ -178,9 +178,9 @@ func setStatus(ctx context.Context, db idem.Beginner, id uuid.UUID, status strin
 			return fmt.Errorf("outbox: message %s was published at %s; there is nothing to %s", id, info.Published.UTC().Format(time.RFC3339), verb)
 		case StatusPending:
 			return fmt.Errorf("outbox: message %s is pending (%d failed attempts): the relay is still publishing it; only a stopped or dead-lettered message can be %s",
-				id, info.Attempts, map[string]string{"retry": "retried", "skip": "skipped"}[verb])
+				id, info.Attempts, done)
 		default:
-			return fmt.Errorf("outbox: message %s is %s; it cannot be %s", id, info.Status, map[string]string{"retry": "retried", "skip": "skipped"}[verb])
+			return fmt.Errorf("outbox: message %s is %s; it cannot be %s", id, info.Status, done)
 		}
 	})
 }

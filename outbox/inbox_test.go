@@ -137,9 +137,8 @@ func TestInbox(t *testing.T) {
 		info, err := idem.KeyGet(b.ctx, b.pool, idem.Key{Scope: "idem.inbox:short", ID: "m-1"})
 		require.NoError(t, err)
 		require.WithinDuration(t, info.Created.Add(time.Second), *info.Expires, time.Millisecond)
-		long, err := idem.KeyGet(b.ctx, b.pool, idem.Key{Scope: "idem.inbox:ledger", ID: "m-1"})
+		_, err = idem.KeyGet(b.ctx, b.pool, idem.Key{Scope: "idem.inbox:ledger", ID: "m-1"})
 		require.ErrorIs(t, err, idem.ErrNotFound, "nothing under the other consumer")
-		_ = long
 		_, err = b.inbox.Handle(b.ctx, "m-2", effect("m-2"))
 		require.NoError(t, err)
 		info, err = idem.KeyGet(b.ctx, b.pool, idem.Key{Scope: "idem.inbox:ledger", ID: "m-2"})

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
@@ -320,12 +322,19 @@ func (l *loop) failed(ks *keyState, e *entry, err error, now time.Time) {
 
 func isUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
 
-// clip keeps a stored error short.
+// clip makes a broker's error storable as text: valid UTF-8 without NUL bytes, at most 2000
+// bytes cut on a rune boundary. Postgres refuses anything else, and a refused error would fail
+// the write of every message recorded with it.
 func clip(s string) string {
-	if len(s) > 2000 {
-		return s[:2000] + "…"
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= 2000 {
+		return s
 	}
-	return s
+	cut := 2000
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // takeWrites moves the writes to record into l.writingNow and returns them.

@@ -3,10 +3,12 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -93,7 +95,12 @@ func TestRelay(t *testing.T) {
 			})
 			second <- id
 		}()
-		time.Sleep(200 * time.Millisecond) // the second writer is waiting on the key
+		holder := first.Conn().PgConn().PID()
+		waitFor(t, 10*time.Second, "the second writer to wait on the key", func() bool {
+			var waiting bool
+			err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1::int4 = ANY(pg_blocking_pids(pid)))`, holder).Scan(&waiting)
+			return err == nil && waiting
+		})
 		require.NoError(t, first.Commit(b.ctx))
 		id2 := <-second
 		b.waitPublished(t, 2)
@@ -215,6 +222,44 @@ func TestRelay(t *testing.T) {
 		}
 		err = outbox.Retry(b.ctx, b.pool, poisoned[0])
 		require.ErrorContains(t, err, "was published")
+	})
+
+	// A broker's error is stored as text: one that is long, not UTF-8 or holds a NUL byte is
+	// recorded all the same (cut short, made valid), and does not keep the relay from
+	// recording anything else.
+	t.Run("AnyErrorTextIsRecorded", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// 1000 three-byte runes: a cut at 2000 bytes falls inside one.
+		long := "\x00\xff" + strings.Repeat("€", 1000)
+		pub := outbox.PublisherFunc(func(_ context.Context, e *outbox.Envelope) error {
+			if e.Key == "poison" {
+				return errors.New(long)
+			}
+			b.ledger.RecordEnvelope(e)
+			return nil
+		})
+		opts := b.opts("r1")
+		opts.Failure.MaxAttempts = 1
+		b.run(t, pub, opts)
+		err := tx.Run(b.ctx, b.pool, func(ctx context.Context, t pgx.Tx) error {
+			_, err := outbox.Append(ctx, t, outbox.Message{Topic: "t", Key: "poison"})
+			return err
+		})
+		require.NoError(t, err)
+		poisoned, err := outbox.List(b.ctx, b.pool, &outbox.ListParams{Status: "all"})
+		require.NoError(t, err)
+		require.Len(t, poisoned, 1)
+		w := &outboxcheck.Writer{DB: b.pool, Topic: "t", Keys: 5}
+		ids, err := w.Write(b.ctx, 20)
+		require.NoError(t, err)
+		b.waitPublished(t, int64(len(ids)))
+		waitFor(t, 10*time.Second, "the key to stop", func() bool { return b.counts(t)[outbox.StatusStopped] == 1 })
+		info, err := outbox.Get(b.ctx, b.pool, poisoned[0].ID)
+		require.NoError(t, err)
+		require.True(t, utf8.ValidString(info.LastError))
+		require.True(t, strings.HasPrefix(info.LastError, "\uFFFD"), "invalid bytes are replaced: %q", info.LastError[:10])
+		require.LessOrEqual(t, len(info.LastError), 2100)
 	})
 
 	t.Run("SkipAndDeadLetter", func(t *testing.T) {

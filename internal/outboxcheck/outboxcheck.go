@@ -113,9 +113,8 @@ func (l *Ledger) Check(want []uuid.UUID) Report {
 			problem("lost %s", id)
 		}
 	}
-	for id, n := range l.count {
+	for _, n := range l.count {
 		r.Repeats += n - 1
-		_ = id
 	}
 	keys := make([]string, 0, len(l.order))
 	for k := range l.order {

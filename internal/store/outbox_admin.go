@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -68,7 +69,7 @@ func (st *Statements) OutboxSetStatus(ctx context.Context, q Querier, id [16]byt
 		s = &status
 	}
 	err := q.QueryRow(ctx, st.outbox.SetStatus, pgtype.UUID{Bytes: id, Valid: true}, s, from).Scan(&pos, &hash)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
