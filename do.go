@@ -191,6 +191,19 @@ func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, k
 		v = verdictRunFresh
 	}
 	if v == verdictReplay {
+		if row.ResultDay != nil {
+			// A large result, in its day's partition: a second statement, paid by large
+			// replays only. The key is live, so its partition is there.
+			data, ok, err := st.KeyLargeResult(ctx, t, key.Scope, key.ID, *row.ResultDay)
+			if err == nil && !ok {
+				err = fmt.Errorf("idem: the stored result of key %q in scope %q is missing from its partition of idem_results (%s)",
+					key.ID, key.Scope, row.ResultDay.Format(time.DateOnly))
+			}
+			if err != nil {
+				return zero, outcomeError, lookupError(cfg, err)
+			}
+			row.Result = data
+		}
 		out, err := decodeResult[T](key, row.Result)
 		return out, outcomeReplay, err
 	}

@@ -184,7 +184,7 @@ func migrate(ctx context.Context, db Beginner, target int, down bool, opts []Opt
 		return nil
 	}
 
-	return pgx.BeginFunc(ctx, db, func(t pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, db, func(t pgx.Tx) error {
 		if _, err := t.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockID); err != nil {
 			return fmt.Errorf("idem: error taking the migration lock: %w", err)
 		}
@@ -243,7 +243,22 @@ func migrate(ctx context.Context, db Beginner, target int, down bool, opts []Opt
 		}
 		return nil
 	})
+	if err != nil || down || target < payloadsVersion {
+		return err
+	}
+	// The payload tables' first partitions, so that large payloads leave the narrow tables from
+	// the start rather than from the first Reap (until a partition exists, they stay inline).
+	return pgx.BeginFunc(ctx, db, func(t pgx.Tx) error {
+		if _, err := store.For(cfg.schema).CreatePartitions(ctx, t); err != nil {
+			return fmt.Errorf("idem: error making the payload partitions: %w", err)
+		}
+		return nil
+	})
 }
+
+// payloadsVersion is the first migration with a table partitioned by day (010_results), whose
+// partitions Migrate makes.
+const payloadsVersion = 10
 
 // migrationsTable records the applied migrations, one row each. schema.sql creates it too.
 const migrationsTable = `CREATE TABLE IF NOT EXISTS idem_migrations (

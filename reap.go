@@ -99,9 +99,21 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 			return st.ReapOutbox(ctx, db, limit, cfg.outboxRetention.Microseconds())
 		})
 	}
+	var parts store.PartitionsReport
+	if err == nil {
+		// Last: dropping a partition may wait for transactions that read its table to end.
+		parts, err = st.MaintainPartitions(ctx, db)
+		if len(parts.Created)+len(parts.Dropped) > 0 {
+			cfg.logger().InfoContext(ctx, "idem: payload partitions made and dropped", "created", parts.Created, "dropped", parts.Dropped)
+		}
+		if err != nil {
+			err = fmt.Errorf("idem: error maintaining the payload partitions: %w", tablesError(err))
+		}
+	}
 	if span.IsRecording() {
 		span.SetAttributes(attribute.Int64("idem.reaped.do", keys), attribute.Int64("idem.reaped.run", runs),
-			attribute.Int64("idem.reaped.outbox", msgs))
+			attribute.Int64("idem.reaped.outbox", msgs), attribute.Int("idem.partitions.created", len(parts.Created)),
+			attribute.Int("idem.partitions.dropped", len(parts.Dropped)))
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())

@@ -390,6 +390,26 @@ ALTER TABLE idem_runs SET (fillfactor = 80);
 DROP INDEX idem_keys_expires_at;
 CREATE INDEX idem_keys_expires_at ON idem_keys (expires_at) WHERE expires_at < 'infinity';
 
+-- 010_results
+
+-- Large results of Do dropped, not deleted (docs/design/payloads.md). A result over 1 KiB goes to
+-- idem_results, in the partition of the UTC day on which its key expires, when that partition
+-- exists; the key's row keeps result NULL and names the day in result_day. Once that day and one
+-- more have passed, every key that could point into the partition has expired, and the reaper
+-- drops it whole: no WAL per row, no TOAST to delete, nothing for vacuum. Smaller results stay in
+-- idem_keys, as before. The partitions (idem_results_pYYYYMMDD) are made ahead by the reaper and
+-- by Migrate; a result whose day has none stays inline.
+ALTER TABLE idem_keys ADD COLUMN result_day date;
+
+CREATE TABLE idem_results (
+    -- The UTC day its key expires on: the partition key.
+    day   date NOT NULL,
+    scope text COLLATE "C" NOT NULL,
+    id    text COLLATE "C" NOT NULL,
+    data  bytea NOT NULL,
+    CONSTRAINT idem_results_pkey PRIMARY KEY (day, scope, id)
+) PARTITION BY RANGE (day);
+
 INSERT INTO idem_migrations (version, name) VALUES (1, 'tables');
 INSERT INTO idem_migrations (version, name) VALUES (2, 'waits');
 INSERT INTO idem_migrations (version, name) VALUES (3, 'attempts');
@@ -399,3 +419,4 @@ INSERT INTO idem_migrations (version, name) VALUES (6, 'schedules');
 INSERT INTO idem_migrations (version, name) VALUES (7, 'versions');
 INSERT INTO idem_migrations (version, name) VALUES (8, 'outbox');
 INSERT INTO idem_migrations (version, name) VALUES (9, 'run_writes');
+INSERT INTO idem_migrations (version, name) VALUES (10, 'results');

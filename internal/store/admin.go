@@ -18,7 +18,9 @@ type keyAdminStatements struct {
 
 // keyInfoColumns are what KeyRecord holds beside the key, read by scanKeyRecord. A run's key
 // expires 'infinity'; it is read as NULL so that it scans into a *time.Time.
-const keyInfoColumns = `k.fingerprint, octet_length(k.result), k.workflow, k.created_at,
+const keyInfoColumns = `k.fingerprint,
+	coalesce(octet_length(k.result), (SELECT octet_length(x.data) FROM {results} x WHERE x.day = k.result_day AND x.scope = k.scope AND x.id = k.id)),
+	k.workflow, k.created_at,
 	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state`
 
 const keyInfoFrom = `FROM {keys} k LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id`

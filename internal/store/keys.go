@@ -9,12 +9,42 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // keyStatements are the texts of idem.Do's statements on idem_keys; see the function of each.
 type keyStatements struct {
 	lookup, insert, replace, runKey, clearRun string
+
+	// The same writes for a result over PayloadInlineMax, which goes to idem_results.
+	insertLarge, replaceLarge string
+}
+
+// resultsFamily is idem_results: Do's large results, by the UTC day their key expires on. Once
+// that day and one more (for the clocks of the writers and the reaper, which are one database's,
+// and for a transaction that wrote near midnight) have passed, every key that points into the
+// partition has expired: its key is free again, and its result is neither replayed nor read.
+var resultsFamily = payloadFamily{
+	base:      "idem_results",
+	table:     func(t Tables) string { return t.Results },
+	ahead:     14,
+	droppable: `SELECT $1::date + 2 <= ` + utcDay("now()"),
+}
+
+// largeResult is the head of the statements that store a large result: the key's expiry, and
+// the day of the partition its result goes to (NULL when that partition does not exist, and the
+// result stays in the key's row), then the result's row in that partition. A row there from an
+// earlier key of the same name that expired on the same day is overwritten.
+func largeResult(t Tables) string {
+	return `WITH v AS (
+	SELECT statement_timestamp() + $5::int8 @us AS expires_at
+), p AS (
+	SELECT expires_at, CASE WHEN ` + t.partitionExists("idem_results", utcDay("expires_at")) + ` THEN ` + utcDay("expires_at") + ` END AS day FROM v
+), stored AS (
+	INSERT INTO {results} (day, scope, id, data) SELECT day, $1, $2, $4 FROM p WHERE day IS NOT NULL
+	ON CONFLICT (day, scope, id) DO UPDATE SET data = excluded.data
+)`
 }
 
 func newKeyStatements(t Tables) keyStatements {
@@ -22,7 +52,10 @@ func newKeyStatements(t Tables) keyStatements {
 		// One row whatever happens, thanks to the outer join against a one-row relation.
 		// pg_try_ never waits, so a duplicate is answered at once instead of parking a
 		// connection on a lock, and replays never contend with each other.
-		lookup: t.render(`SELECT k.fingerprint, k.result, k.workflow, k.expires_at > now(),
+		// A large result is read by KeyLargeResult from the one partition result_day names:
+		// joining the partitioned table here would cost every lookup a plan over, and a lock on,
+		// all of its partitions.
+		lookup: t.render(`SELECT k.fingerprint, k.result, k.result_day, k.workflow, k.expires_at > now(),
 	CASE WHEN k.expires_at > now() THEN true ELSE pg_try_advisory_xact_lock($3) END
 FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND k.id = $2`),
 
@@ -38,13 +71,27 @@ VALUES ($1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5::int8 
 		// not (a racer renewed it), or it is gone (the reaper deleted it), it falls through to an
 		// INSERT, which either takes the free key or aborts on the racer's row.
 		replace: t.render(`WITH replaced AS (
-	UPDATE {keys} SET fingerprint = $3, result = $4, created_at = statement_timestamp(),
+	UPDATE {keys} SET fingerprint = $3, result = $4, result_day = NULL, created_at = statement_timestamp(),
 		expires_at = statement_timestamp() + $5::int8 @us
 	WHERE scope = $1 AND id = $2 AND expires_at <= now() AND workflow IS NULL
 	RETURNING 1
 )
 INSERT INTO {keys} (scope, id, fingerprint, result, created_at, expires_at)
 SELECT $1, $2, $3, $4, statement_timestamp(), statement_timestamp() + $5::int8 @us
+WHERE NOT EXISTS (SELECT FROM replaced)`),
+
+		insertLarge: t.render(largeResult(t) + `
+INSERT INTO {keys} (scope, id, fingerprint, result, result_day, created_at, expires_at)
+SELECT $1, $2, $3, CASE WHEN p.day IS NULL THEN $4::bytea END, p.day, statement_timestamp(), p.expires_at FROM p`),
+
+		replaceLarge: t.render(largeResult(t) + `, replaced AS (
+	UPDATE {keys} k SET fingerprint = $3, result = CASE WHEN p.day IS NULL THEN $4::bytea END, result_day = p.day,
+		created_at = statement_timestamp(), expires_at = p.expires_at
+	FROM p WHERE k.scope = $1 AND k.id = $2 AND k.expires_at <= now() AND k.workflow IS NULL
+	RETURNING 1
+)
+INSERT INTO {keys} (scope, id, fingerprint, result, result_day, created_at, expires_at)
+SELECT $1, $2, $3, CASE WHEN p.day IS NULL THEN $4::bytea END, p.day, statement_timestamp(), p.expires_at FROM p
 WHERE NOT EXISTS (SELECT FROM replaced)`),
 
 		runKey: t.render(`SELECT pg_try_advisory_xact_lock($3),
@@ -69,10 +116,11 @@ DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NOT NULL AND EXI
 type KeyRow struct {
 	Found       bool
 	Fingerprint []byte
-	Result      []byte
-	Workflow    *string // set when the key belongs to a run
-	Live        bool    // not expired
-	Locked      bool    // this transaction holds the key's lock (or needed none: a live result)
+	Result      []byte     // nil when it is large: see ResultDay
+	ResultDay   *time.Time // set when the result is in idem_results, in this day's partition (KeyLargeResult)
+	Workflow    *string    // set when the key belongs to a run
+	Live        bool       // not expired
+	Locked      bool       // this transaction holds the key's lock (or needed none: a live result)
 }
 
 // KeyLookup reads a key and, unless it holds a live result, takes the transaction-scoped
@@ -83,7 +131,7 @@ func (st *Statements) KeyLookup(ctx context.Context, q Querier, scope, id string
 		row  KeyRow
 		live *bool
 	)
-	err := q.QueryRow(ctx, st.keys.lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.Workflow, &live, &row.Locked)
+	err := q.QueryRow(ctx, st.keys.lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.ResultDay, &row.Workflow, &live, &row.Locked)
 	if err != nil {
 		return KeyRow{}, err
 	}
@@ -107,15 +155,43 @@ func (p KeyStoreParams) args() []any {
 
 // KeyInsert stores a result under a new key. When another transaction committed the key first,
 // it fails with a unique violation on idem_keys_pkey (IsKeyTaken), which aborts the
-// transaction: it may go with COMMIT.
+// transaction: it may go with COMMIT. A result over PayloadInlineMax bytes goes to the partition
+// of idem_results for the day the key expires, when there is one.
 func (st *Statements) KeyInsert(p KeyStoreParams) Stmt {
+	if len(p.Result) > PayloadInlineMax {
+		return Stmt{SQL: st.keys.insertLarge, Args: p.args()}
+	}
 	return Stmt{SQL: st.keys.insert, Args: p.args()}
 }
 
 // KeyReplace stores a result under a key of Do's that had expired, as KeyInsert does a new one:
 // it rewrites the row if it is still expired, and inserts it if the reaper deleted it meanwhile.
 func (st *Statements) KeyReplace(p KeyStoreParams) Stmt {
+	if len(p.Result) > PayloadInlineMax {
+		return Stmt{SQL: st.keys.replaceLarge, Args: p.args()}
+	}
 	return Stmt{SQL: st.keys.replace, Args: p.args()}
+}
+
+// KeyLargeResult reads a large result from the partition of idem_results for day (a KeyRow's
+// ResultDay). ok is false when it is not there: its partition was dropped, which happens only a
+// day after every key that pointed into it expired.
+func (st *Statements) KeyLargeResult(ctx context.Context, q Querier, scope, id string, day time.Time) (data []byte, ok bool, err error) {
+	sql := `SELECT data FROM ` + st.Tables.qualify(PartitionName("idem_results", day)) + ` WHERE scope = $1 AND id = $2`
+	err = q.QueryRow(ctx, sql, scope, id).Scan(&data)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, false, nil
+	case isUndefinedTable(err):
+		return nil, false, nil
+	}
+	return data, err == nil, err
+}
+
+// isUndefinedTable reports whether err is Postgres's "relation does not exist".
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
 
 // IsKeyTaken reports whether err is KeyInsert's or KeyReplace's failure on a key that another

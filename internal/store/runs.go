@@ -104,7 +104,7 @@ SELECT (SELECT held FROM lock), (SELECT (extract(epoch FROM created_at) * 100000
 ), old_events AS (
 	DELETE FROM {events} WHERE scope = $1 AND id = $2 AND EXISTS (SELECT FROM old_run)
 ), key AS (
-	UPDATE {keys} SET workflow = $4, fingerprint = NULL, result = NULL, created_at = {statement_now},
+	UPDATE {keys} SET workflow = $4, fingerprint = NULL, result = NULL, result_day = NULL, created_at = {statement_now},
 		expires_at = 'infinity'
 	WHERE scope = $1 AND id = $2
 		AND ((workflow IS NULL AND expires_at <= {now}) OR EXISTS (SELECT FROM old_run))

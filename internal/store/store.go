@@ -10,7 +10,7 @@
 //
 // Statement texts are built once per Postgres schema and kept, so that the text of a statement is
 // identical on every call and pgx prepares it once per connection. Tables are named in the source
-// as {keys}, {runs}, {steps}, {attempts}, {signals}, {events}, {schedules}, {migrations} and {outbox...}, placeholders that
+// as {keys}, {runs}, {steps}, {attempts}, {signals}, {events}, {schedules}, {migrations}, {outbox...} and the payload tables ({results}, {outbox_payloads}, {run_payloads}), placeholders that
 // cannot occur in an identifier; For replaces them with the names qualified by the schema, so an
 // identifier that merely contains a table's name (an index, a constraint) is never touched.
 //
@@ -44,6 +44,12 @@ type Tables struct {
 	// The outbox's tables, and its sequence of positions as a string literal (for nextval).
 	Outbox, OutboxKeys, OutboxLanes, OutboxRelays, OutboxPosSeq string
 
+	// The tables partitioned by day that hold large payloads (see payloads.go): Do's results,
+	// outbox message bodies, and step outputs, signal payloads and event values.
+	Results, OutboxPayloads, RunPayloads string
+
+	schema string // as given to TablesIn
+
 	clock clock // how the statements read the time; the zero clock is Postgres's
 }
 
@@ -59,7 +65,9 @@ func TablesIn(schema string) Tables {
 	return Tables{Keys: name("idem_keys"), Runs: name("idem_runs"), Steps: name("idem_steps"), Attempts: name("idem_step_attempts"),
 		Migrations: name("idem_migrations"), Signals: name("idem_signals"), Events: name("idem_events"), Schedules: name("idem_schedules"),
 		Outbox: name("idem_outbox"), OutboxKeys: name("idem_outbox_keys"), OutboxLanes: name("idem_outbox_lanes"),
-		OutboxRelays: name("idem_outbox_relays"), OutboxPosSeq: "'" + strings.ReplaceAll(name("idem_outbox_pos_seq"), "'", "''") + "'"}
+		OutboxRelays: name("idem_outbox_relays"), OutboxPosSeq: "'" + strings.ReplaceAll(name("idem_outbox_pos_seq"), "'", "''") + "'",
+		Results: name("idem_results"), OutboxPayloads: name("idem_outbox_payloads"), RunPayloads: name("idem_run_payloads"),
+		schema: schema}
 }
 
 // render names t's tables in sql, spells durations given in microseconds as intervals, and
@@ -74,6 +82,7 @@ func (t Tables) render(sql string) string {
 		"{signals}", t.Signals, "{events}", t.Events, "{schedules}", t.Schedules, "{now}", c.now, "{statement_now}", c.statementNow,
 		"{outbox}", t.Outbox, "{outbox_keys}", t.OutboxKeys, "{outbox_lanes}", t.OutboxLanes, "{outbox_relays}", t.OutboxRelays,
 		"{outbox_pos_seq}", t.OutboxPosSeq,
+		"{results}", t.Results, "{outbox_payloads}", t.OutboxPayloads, "{run_payloads}", t.RunPayloads,
 		"@us", "* interval '1 microsecond'",
 	).Replace(sql)
 }

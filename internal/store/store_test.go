@@ -28,7 +28,8 @@ func TestFor(t *testing.T) {
 		require.Equal(t, store.Tables{Keys: "idem_keys", Runs: "idem_runs", Steps: "idem_steps", Attempts: "idem_step_attempts",
 			Migrations: "idem_migrations", Signals: "idem_signals", Events: "idem_events", Schedules: "idem_schedules", Outbox: "idem_outbox",
 			OutboxKeys: "idem_outbox_keys", OutboxLanes: "idem_outbox_lanes", OutboxRelays: "idem_outbox_relays",
-			OutboxPosSeq: "'idem_outbox_pos_seq'"}, store.TablesIn(""))
+			OutboxPosSeq: "'idem_outbox_pos_seq'", Results: "idem_results", OutboxPayloads: "idem_outbox_payloads",
+			RunPayloads: "idem_run_payloads"}, store.TablesIn(""))
 		// The sequence is named inside a string literal: a quote in the schema is doubled.
 		require.Equal(t, `'"it''s"."idem_outbox_pos_seq"'`, store.TablesIn("it's").OutboxPosSeq)
 		// A name that needs quoting is quoted, so that it cannot end the identifier.

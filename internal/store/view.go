@@ -51,7 +51,7 @@ FROM {signals} WHERE scope = $1 AND id = $2 ORDER BY seq DESC LIMIT $3`),
 		events: t.render(`SELECT name, value, updated_at FROM {events} WHERE scope = $1 AND id = $2 ORDER BY name`),
 		trace:  t.render(`SELECT coalesce(trace_context, '') FROM {runs} WHERE scope = $1 AND id = $2`),
 
-		keyResult: t.render(`SELECT result, workflow FROM {keys} WHERE scope = $1 AND id = $2`),
+		keyResult: t.render(`SELECT result, result_day, workflow FROM {keys} WHERE scope = $1 AND id = $2`),
 
 		estimateState: map[RunState]string{},
 	}
@@ -236,11 +236,17 @@ func (st *Statements) RunTraceContext(ctx context.Context, q Querier, scope, id 
 
 // KeyResult reads the result stored under a key: nil for a key without one (in flight for the
 // first time, or a run's), with the workflow the key belongs to (nil for Do's); ok is false when
-// there is no such key.
+// there is no such key, or when its result was large and its partition is gone (a day after
+// the key expired: see KeyLargeResult).
 func (st *Statements) KeyResult(ctx context.Context, q Querier, scope, id string) (result []byte, workflow *string, ok bool, err error) {
-	err = q.QueryRow(ctx, st.view().keyResult, scope, id).Scan(&result, &workflow)
+	var day *time.Time
+	err = q.QueryRow(ctx, st.view().keyResult, scope, id).Scan(&result, &day, &workflow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, false, nil
+	}
+	if err == nil && day != nil {
+		result, ok, err = st.KeyLargeResult(ctx, q, scope, id, *day)
+		return result, workflow, ok, err
 	}
 	return result, workflow, err == nil, err
 }

@@ -1,0 +1,16 @@
+-- Every result that is still referenced goes back into its key's row first: nothing is lost.
+UPDATE idem_keys k SET result = r.data, result_day = NULL
+FROM idem_results r WHERE r.day = k.result_day AND r.scope = k.scope AND r.id = k.id;
+ALTER TABLE idem_keys DROP COLUMN result_day;
+DROP TABLE idem_results;
+-- Partitions detached by a drop that did not finish.
+DO $$
+DECLARE n text;
+BEGIN
+    FOR n IN SELECT quote_ident(relname) FROM pg_class
+        WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND relkind = 'r' AND relname ~ '^idem_results_p[0-9]{8}$'
+    LOOP
+        EXECUTE 'DROP TABLE ' || n;
+    END LOOP;
+END
+$$;
