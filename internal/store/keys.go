@@ -158,7 +158,7 @@ func (p KeyStoreParams) args() []any {
 // transaction: it may go with COMMIT. A result over PayloadInlineMax bytes goes to the partition
 // of idem_results for the day the key expires, when there is one.
 func (st *Statements) KeyInsert(p KeyStoreParams) Stmt {
-	if len(p.Result) > PayloadInlineMax {
+	if large(len(p.Result)) {
 		return Stmt{SQL: st.keys.insertLarge, Args: p.args()}
 	}
 	return Stmt{SQL: st.keys.insert, Args: p.args()}
@@ -167,7 +167,7 @@ func (st *Statements) KeyInsert(p KeyStoreParams) Stmt {
 // KeyReplace stores a result under a key of Do's that had expired, as KeyInsert does a new one:
 // it rewrites the row if it is still expired, and inserts it if the reaper deleted it meanwhile.
 func (st *Statements) KeyReplace(p KeyStoreParams) Stmt {
-	if len(p.Result) > PayloadInlineMax {
+	if large(len(p.Result)) {
 		return Stmt{SQL: st.keys.replaceLarge, Args: p.args()}
 	}
 	return Stmt{SQL: st.keys.replace, Args: p.args()}
@@ -177,8 +177,10 @@ func (st *Statements) KeyReplace(p KeyStoreParams) Stmt {
 // ResultDay). ok is false when it is not there: its partition was dropped, which happens only a
 // day after every key that pointed into it expired.
 func (st *Statements) KeyLargeResult(ctx context.Context, q Querier, scope, id string, day time.Time) (data []byte, ok bool, err error) {
-	sql := `SELECT data FROM ` + st.Tables.qualify(PartitionName("idem_results", day)) + ` WHERE scope = $1 AND id = $2`
-	err = q.QueryRow(ctx, sql, scope, id).Scan(&data)
+	// day is the partition's every row's, and the primary key's first column: without it the
+	// key's index could not be searched.
+	sql := `SELECT data FROM ` + st.Tables.qualify(PartitionName("idem_results", day)) + ` WHERE day = $3 AND scope = $1 AND id = $2`
+	err = q.QueryRow(ctx, sql, scope, id, day).Scan(&data)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, false, nil

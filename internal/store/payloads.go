@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,6 +35,22 @@ import (
 // go to their day's partition when it exists. A row up to about 2 KB stays on its heap page; the
 // threshold sits below that so that the rows of the narrow tables stay several to a page.
 const PayloadInlineMax = 1024
+
+// inlineMax is PayloadInlineMax, or what a benchmark set with SetPayloadInlineMax.
+var inlineMax atomic.Int64
+
+func init() { inlineMax.Store(PayloadInlineMax) }
+
+// large reports whether a payload of n bytes goes to a partition (when its day has one).
+func large(n int) bool { return int64(n) > inlineMax.Load() }
+
+// SetPayloadInlineMax changes the inline threshold for the whole process and returns a function
+// that restores it. Benchmarks use it to measure the same statements with every payload inline,
+// as idem stored them before the payload tables; nothing else should.
+func SetPayloadInlineMax(n int) (restore func()) {
+	old := inlineMax.Swap(int64(n))
+	return func() { inlineMax.Store(old) }
+}
 
 // payloadFamily is one table partitioned by day (RANGE on its first column, day date, with a
 // primary key that starts with day) that holds large payloads.

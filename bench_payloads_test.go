@@ -1,0 +1,276 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
+)
+
+// BenchmarkLargeResults measures what moving large results to day partitions costs Do: a fresh
+// Do (in the caller's pgx.BeginFunc, one INSERT into a small table as its work) and a replay,
+// with results of 16 B, 4 KiB and 64 KiB, stored inline (every result in idem_keys, as before
+// the payload tables: the threshold raised out of reach) and partitioned (the default). Each
+// round runs every variant once, in an order shifted by one each round, with
+// IDEM_BENCH_OPS operations (2,000 by default) shared by BENCH_CLIENTS' first count of clients
+// (8); it logs operations per second and the ratio partitioned/inline of each pair.
+//
+//	go test -run '^$' -bench '^BenchmarkLargeResults$' -benchtime 1x -count 1 .
+func BenchmarkLargeResults(b *testing.B) {
+	ctx := context.Background()
+	clients := benchClients()[len(benchClients())-1]
+	ops, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_OPS"))
+	if ops <= 0 {
+		ops = 2000
+	}
+	rounds := 3
+	pool := transferPool(b, clients)
+	_, err := pool.Exec(ctx, `CREATE TABLE work (id bigserial PRIMARY KEY, key text NOT NULL)`)
+	require.NoError(b, err)
+
+	type variant struct {
+		size        int
+		partitioned bool
+		replay      bool
+	}
+	var variants []variant
+	for _, size := range []int{16, 4 << 10, 64 << 10} {
+		for _, replay := range []bool{false, true} {
+			for _, p := range []bool{false, true} {
+				variants = append(variants, variant{size, p, replay})
+			}
+		}
+	}
+	name := func(v variant) string {
+		s := "inline"
+		if v.partitioned {
+			s = "partitioned"
+		}
+		op := "fresh"
+		if v.replay {
+			op = "replay"
+		}
+		return fmt.Sprintf("%dB/%s/%s", v.size, op, s)
+	}
+	bodies := map[int]string{}
+	for _, v := range variants {
+		bodies[v.size] = bigBody(v.size, "bench")
+	}
+	fresh := func(size int) func(ctx context.Context, key idem.Key) error {
+		return func(ctx context.Context, key idem.Key) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := idem.Do(ctx, tx, key, func(ctx context.Context, tx pgx.Tx) (blob, error) {
+					r := blob{Body: bodies[size]}
+					return r, tx.QueryRow(ctx, `INSERT INTO work (key) VALUES ($1) RETURNING id`, key.ID).Scan(&r.EffectID)
+				})
+				return err
+			})
+		}
+	}
+	// Keys to replay, stored once per variant with that variant's threshold.
+	replayKeys := map[string][]idem.Key{}
+	for _, v := range variants {
+		if !v.replay {
+			continue
+		}
+		restore := func() {}
+		if !v.partitioned {
+			restore = store.SetPayloadInlineMax(1 << 30)
+		}
+		keys := make([]idem.Key, 500)
+		for i := range keys {
+			keys[i] = idem.Key{Scope: "bench", ID: uuid.Must(uuid.NewV7()).String()}
+			require.NoError(b, fresh(v.size)(ctx, keys[i]))
+		}
+		restore()
+		replayKeys[name(v)] = keys
+	}
+
+	tps := map[string][]float64{}
+	for round := range rounds {
+		order := append(variants[round%len(variants):], variants[:round%len(variants)]...)
+		for _, v := range order {
+			restore := func() {}
+			if !v.partitioned {
+				restore = store.SetPayloadInlineMax(1 << 30)
+			}
+			op := fresh(v.size)
+			keys := replayKeys[name(v)]
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, clients)
+			start := time.Now()
+			for range clients {
+				wg.Go(func() {
+					for {
+						i := next.Add(1) - 1
+						if i >= int64(ops) {
+							return
+						}
+						key := idem.Key{Scope: "bench", ID: uuid.Must(uuid.NewV7()).String()}
+						if v.replay {
+							key = keys[int(i)%len(keys)]
+						}
+						if err := op(ctx, key); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			took := time.Since(start)
+			restore()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+			tps[name(v)] = append(tps[name(v)], float64(ops)/took.Seconds())
+		}
+	}
+	for _, v := range variants {
+		if !v.partitioned {
+			continue
+		}
+		inline := v
+		inline.partitioned = false
+		p, in := tps[name(v)], tps[name(inline)]
+		line := fmt.Sprintf("%-28s", name(v))
+		for r := range rounds {
+			line += fmt.Sprintf("  %7.0f/%7.0f op/s = %.2f", p[r], in[r], p[r]/in[r])
+		}
+		b.Log(line)
+	}
+}
+
+// BenchmarkPayloadWeek compares deleting against dropping over a simulated week of Do's keys:
+// seven days of IDEM_BENCH_WEEK_KEYS keys a day (20,000 by default) with TTLs of one to seven
+// days, three in ten of them with a 4 KiB result (the rest 200 B), written with the creation
+// times of the seven days before now, as Do would have written them (in the partition of their
+// expiry day, or inline when everything is inline, as before the payload tables). Then one Reap,
+// which finds every key whose expiry has passed. It logs, for each layout: keys and partitions
+// reaped, the reaper's time and rows per second (at ReapBusy 1, so that it never rests), the
+// WAL it wrote, and the size of idem_keys and idem_results (heap, TOAST and indexes) before and
+// after, and the time and WAL of the VACUUM that the deletes leave to do, and the size after it.
+//
+//	go test -run '^$' -bench '^BenchmarkPayloadWeek$' -benchtime 1x .
+func BenchmarkPayloadWeek(b *testing.B) {
+	ctx := context.Background()
+	perDay, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_WEEK_KEYS"))
+	if perDay <= 0 {
+		perDay = 20_000
+	}
+	pool := transferPool(b, 4)
+	var today time.Time
+	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
+
+	for round, partitioned := range []bool{false, true, false, true} {
+		schema := fmt.Sprintf("week_%d", round)
+		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
+		keys, results := pgx.Identifier{schema, "idem_keys"}.Sanitize(), pgx.Identifier{schema, "idem_results"}.Sanitize()
+		if partitioned {
+			// The days of the week behind: the reaper made them as the week went.
+			for d := -8; d <= -2; d++ {
+				day := today.AddDate(0, 0, d)
+				_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE %[2]s);
+ALTER TABLE %[2]s ATTACH PARTITION %[1]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`,
+					pgx.Identifier{schema, store.PartitionName("idem_results", day)}.Sanitize(), results,
+					day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)))
+				require.NoError(b, err)
+			}
+		}
+		walBefore := walLSN(b, pool)
+		writeStart := time.Now()
+		for d := 7; d >= 1; d-- {
+			// Day d before now: keys created over that day, expiring one to seven days later.
+			sql := `WITH k AS (
+	SELECT 'week' AS scope, gen_random_uuid()::text AS id, i % 10 < 3 AS large,
+		now() - $1::int * interval '1 day' + (i::float8 / $2) * interval '1 day' AS created_at,
+		(1 + i % 7) * interval '1 day' AS ttl
+	FROM generate_series(0, $2 - 1) i
+), v AS (
+	SELECT scope, id, created_at, created_at + ttl AS expires_at,
+		convert_to(CASE WHEN large THEN (SELECT string_agg(md5(random()::text || k.id || g), '') FROM generate_series(1, 128) g)
+			ELSE repeat(md5(id), 6) END, 'UTF8') AS result, large
+	FROM k
+)`
+			if partitioned {
+				sql += `, r AS (
+	INSERT INTO ` + results + ` (day, scope, id, data)
+	SELECT (expires_at AT TIME ZONE 'UTC')::date, scope, id, result FROM v WHERE large
+)
+INSERT INTO ` + keys + ` (scope, id, result, result_day, created_at, expires_at)
+SELECT scope, id, CASE WHEN large THEN NULL ELSE result END, CASE WHEN large THEN (expires_at AT TIME ZONE 'UTC')::date END,
+	created_at, expires_at FROM v`
+			} else {
+				sql += `
+INSERT INTO ` + keys + ` (scope, id, result, created_at, expires_at) SELECT scope, id, result, created_at, expires_at FROM v`
+			}
+			_, err := pool.Exec(ctx, sql, d, perDay)
+			require.NoError(b, err)
+		}
+		writeTook, writeWAL := time.Since(writeStart), walLSN(b, pool)-walBefore
+		_, err := pool.Exec(ctx, `CHECKPOINT`) // every layout starts its reaping after a checkpoint
+		require.NoError(b, err)
+		before := payloadSize(b, pool, schema)
+
+		var expired int64
+		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM `+keys+` WHERE expires_at <= now()`).Scan(&expired))
+		walBefore = walLSN(b, pool)
+		start := time.Now()
+		n, err := idem.Reap(ctx, pool, idem.Schema(schema), idem.ReapBusy(1))
+		took := time.Since(start)
+		require.NoError(b, err)
+		require.GreaterOrEqual(b, n, expired) // and those that expired meanwhile
+		reapWAL := walLSN(b, pool) - walBefore
+		after := payloadSize(b, pool, schema)
+		walBefore = walLSN(b, pool)
+		vacuumStart := time.Now()
+		for _, table := range []string{keys, results} {
+			_, err = pool.Exec(ctx, `VACUUM `+table)
+			require.NoError(b, err)
+		}
+		vacuumTook, vacuumWAL := time.Since(vacuumStart), walLSN(b, pool)-walBefore
+		vacuumed := payloadSize(b, pool, schema)
+		var parts int
+		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, results).Scan(&parts))
+
+		layout := "inline"
+		if partitioned {
+			layout = "partitioned"
+		}
+		b.Logf("%-11s write %d keys: %.1f s, WAL %.1f MB | reap %d keys: %.2f s, %.0f keys/s, WAL %.1f MB | VACUUM %.2f s, WAL %.1f MB | size %.1f MB -> %.1f MB, after VACUUM %.1f MB | partitions left %d",
+			layout, 7*perDay, writeTook.Seconds(), float64(writeWAL)/1e6, n, took.Seconds(), float64(n)/took.Seconds(),
+			float64(reapWAL)/1e6, vacuumTook.Seconds(), float64(vacuumWAL)/1e6, float64(before)/1e6, float64(after)/1e6, float64(vacuumed)/1e6, parts)
+		_, err = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		require.NoError(b, err)
+	}
+}
+
+func walLSN(b *testing.B, pool *pgxpool.Pool) int64 {
+	var lsn int64
+	require.NoError(b, pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn))
+	return lsn
+}
+
+// payloadSize is the disk taken by idem_keys and every table named like a partition of
+// idem_results in schema, with their TOAST and indexes.
+func payloadSize(b *testing.B, pool *pgxpool.Pool, schema string) int64 {
+	var n int64
+	require.NoError(b, pool.QueryRow(context.Background(), `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::int8
+FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+WHERE s.nspname = $1 AND c.relkind = 'r' AND (c.relname = 'idem_keys' OR c.relname LIKE 'idem\_results\_p%')`, schema).Scan(&n))
+	return n
+}
