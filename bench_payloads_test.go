@@ -176,7 +176,7 @@ func BenchmarkPayloadWeek(b *testing.B) {
 	var today time.Time
 	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
 
-	for round, partitioned := range []bool{false, true, false, true} {
+	for round, partitioned := range []bool{false, true, true, false, false, true} {
 		schema := fmt.Sprintf("week_%d", round)
 		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
 		keys, results := pgx.Identifier{schema, "idem_keys"}.Sanitize(), pgx.Identifier{schema, "idem_results"}.Sanitize()
@@ -208,8 +208,8 @@ ALTER TABLE %[2]s ATTACH PARTITION %[1]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`
 )`
 			if partitioned {
 				sql += `, r AS (
-	INSERT INTO ` + results + ` (day, scope, id, data)
-	SELECT (expires_at AT TIME ZONE 'UTC')::date, scope, id, result FROM v WHERE large
+	INSERT INTO ` + results + ` (day, scope, id, created_at, data)
+	SELECT (expires_at AT TIME ZONE 'UTC')::date, scope, id, created_at, result FROM v WHERE large
 )
 INSERT INTO ` + keys + ` (scope, id, result, result_day, created_at, expires_at)
 SELECT scope, id, CASE WHEN large THEN NULL ELSE result END, CASE WHEN large THEN (expires_at AT TIME ZONE 'UTC')::date END,

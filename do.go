@@ -55,7 +55,9 @@ import (
 //
 // The SQL: one statement before fn, a SELECT that reads the key's row and, unless it holds a
 // live result, takes a transaction-scoped advisory lock with pg_try_advisory_xact_lock (it never
-// waits). After fn, one INSERT of the result. A replay is the SELECT alone. No row is written for
+// waits). After fn, one INSERT of the result (over 1 KiB, in the same statement, a row in the
+// partition of idem_results for the day the key expires: see [Reap]). A replay is the SELECT
+// alone (and, for a result over 1 KiB, a read of its one partition). No row is written for
 // work that does not commit, and nothing is ever updated on the fresh path, so a call leaves no
 // dead tuple behind.
 //
@@ -194,7 +196,7 @@ func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, k
 		if row.ResultDay != nil {
 			// A large result, in its day's partition: a second statement, paid by large
 			// replays only. The key is live, so its partition is there.
-			data, ok, err := st.KeyLargeResult(ctx, t, key.Scope, key.ID, *row.ResultDay)
+			data, ok, err := st.KeyLargeResult(ctx, t, key.Scope, key.ID, *row.ResultDay, *row.Created)
 			if err == nil && !ok {
 				err = fmt.Errorf("idem: the stored result of key %q in scope %q is missing from its partition of idem_results (%s)",
 					key.ID, key.Scope, row.ResultDay.Format(time.DateOnly))

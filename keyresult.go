@@ -13,9 +13,11 @@ import (
 // StoredResponse: status, headers and body). It is the client's answer, and may hold what only
 // the client should see: [KeyGet] tells its size without it, and an operator's tool should show
 // it only where that is allowed (idemui shows it with Options.ShowResults). Reading has no side
-// effect; an expired result is read as it is (see KeyInfo.Expired).
+// effect; an expired result is read as it is (see KeyInfo.Expired) until Reap deletes its key,
+// or, for a result over 1 KiB (kept in a partition of idem_results by the day its key expires),
+// until Reap drops that day's partition, a day after the day it expired.
 //
-//   - No such key: [ErrNotFound].
+//   - No such key, or its large result dropped with its day: [ErrNotFound].
 //   - A key of a workflow run: an error that says so (a run's output is in its RunGet).
 //   - A key whose Do has not committed yet: nil, no error.
 //

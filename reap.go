@@ -64,6 +64,14 @@ const (
 //	n, err := idem.Reap(ctx, pool)
 //	log.Printf("reaped %d expired keys", n)
 //
+// Results over 1 KiB are not deleted one by one: Do keeps them in idem_results, partitioned by the
+// UTC day their key expires on, and Reap drops a day's partition whole (one catalog change, no
+// WAL per row, nothing for vacuum) once that day and one more have passed, with DETACH PARTITION
+// CONCURRENTLY so that no reader or writer of the table waits for it. It also makes the
+// partitions of the days ahead (Migrate makes the first ones); a result whose day has no
+// partition yet stays in its key's row, so nothing depends on Reap having run. Given a
+// transaction rather than a pool, it detaches plainly, which takes the table's lock for a moment.
+//
 // A deleted key is free again: the next call with it runs afresh. That is the meaning of the TTL,
 // and Reap only makes it hold on disk too; before Reap gets to them, expired keys are treated as
 // new already.

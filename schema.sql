@@ -406,8 +406,14 @@ CREATE TABLE idem_results (
     day   date NOT NULL,
     scope text COLLATE "C" NOT NULL,
     id    text COLLATE "C" NOT NULL,
+    -- The key row's created_at, written by the same statement: a key's result is the row whose
+    -- created_at is its key's. A key deleted by the reaper or expired and taken again may leave
+    -- an older row of the same day behind; it goes with its partition. Part of the primary key
+    -- so that a new row never collides with an old one: an INSERT with ON CONFLICT would cost
+    -- every large result a speculative insertion (about a third more server time, measured).
+    created_at timestamptz NOT NULL,
     data  bytea NOT NULL,
-    CONSTRAINT idem_results_pkey PRIMARY KEY (day, scope, id)
+    CONSTRAINT idem_results_pkey PRIMARY KEY (day, scope, id, created_at)
 ) PARTITION BY RANGE (day);
 
 INSERT INTO idem_migrations (version, name) VALUES (1, 'tables');

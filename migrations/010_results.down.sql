@@ -1,6 +1,6 @@
 -- Every result that is still referenced goes back into its key's row first: nothing is lost.
 UPDATE idem_keys k SET result = r.data, result_day = NULL
-FROM idem_results r WHERE r.day = k.result_day AND r.scope = k.scope AND r.id = k.id;
+FROM idem_results r WHERE r.day = k.result_day AND r.scope = k.scope AND r.id = k.id AND r.created_at = k.created_at;
 ALTER TABLE idem_keys DROP COLUMN result_day;
 DROP TABLE idem_results;
 -- Partitions detached by a drop that did not finish.

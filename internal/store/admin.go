@@ -19,7 +19,8 @@ type keyAdminStatements struct {
 // keyInfoColumns are what KeyRecord holds beside the key, read by scanKeyRecord. A run's key
 // expires 'infinity'; it is read as NULL so that it scans into a *time.Time.
 const keyInfoColumns = `k.fingerprint,
-	coalesce(octet_length(k.result), (SELECT octet_length(x.data) FROM {results} x WHERE x.day = k.result_day AND x.scope = k.scope AND x.id = k.id)),
+	coalesce(octet_length(k.result), (SELECT octet_length(x.data) FROM {results} x
+		WHERE x.day = k.result_day AND x.scope = k.scope AND x.id = k.id AND x.created_at = k.created_at)),
 	k.workflow, k.created_at,
 	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state`
 

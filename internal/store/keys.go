@@ -34,16 +34,18 @@ var resultsFamily = payloadFamily{
 
 // largeResult is the head of the statements that store a large result: the key's expiry, and
 // the day of the partition its result goes to (NULL when that partition does not exist, and the
-// result stays in the key's row), then the result's row in that partition. A row there from an
-// earlier key of the same name that expired on the same day is overwritten.
+// result stays in the key's row), then the result's row in that partition, under the key row's
+// created_at (the same statement_timestamp()), which tells it from a row an earlier key of the
+// same name left there. Postgres runs a data-modifying WITH that the main statement does not
+// read after the main statement: the key's row is written first, so a duplicate that committed
+// the key first fails on idem_keys_pkey, as it does with a small result.
 func largeResult(t Tables) string {
 	return `WITH v AS (
 	SELECT statement_timestamp() + $5::int8 @us AS expires_at
 ), p AS (
 	SELECT expires_at, CASE WHEN ` + t.partitionExists("idem_results", utcDay("expires_at")) + ` THEN ` + utcDay("expires_at") + ` END AS day FROM v
 ), stored AS (
-	INSERT INTO {results} (day, scope, id, data) SELECT day, $1, $2, $4 FROM p WHERE day IS NOT NULL
-	ON CONFLICT (day, scope, id) DO UPDATE SET data = excluded.data
+	INSERT INTO {results} (day, scope, id, created_at, data) SELECT day, $1, $2, statement_timestamp(), $4 FROM p WHERE day IS NOT NULL
 )`
 }
 
@@ -55,7 +57,7 @@ func newKeyStatements(t Tables) keyStatements {
 		// A large result is read by KeyLargeResult from the one partition result_day names:
 		// joining the partitioned table here would cost every lookup a plan over, and a lock on,
 		// all of its partitions.
-		lookup: t.render(`SELECT k.fingerprint, k.result, k.result_day, k.workflow, k.expires_at > now(),
+		lookup: t.render(`SELECT k.fingerprint, k.result, k.result_day, CASE WHEN k.result_day IS NOT NULL THEN k.created_at END, k.workflow, k.expires_at > now(),
 	CASE WHEN k.expires_at > now() THEN true ELSE pg_try_advisory_xact_lock($3) END
 FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND k.id = $2`),
 
@@ -118,6 +120,7 @@ type KeyRow struct {
 	Fingerprint []byte
 	Result      []byte     // nil when it is large: see ResultDay
 	ResultDay   *time.Time // set when the result is in idem_results, in this day's partition (KeyLargeResult)
+	Created     *time.Time // with ResultDay: when the result was written, its row's created_at in idem_results
 	Workflow    *string    // set when the key belongs to a run
 	Live        bool       // not expired
 	Locked      bool       // this transaction holds the key's lock (or needed none: a live result)
@@ -131,7 +134,7 @@ func (st *Statements) KeyLookup(ctx context.Context, q Querier, scope, id string
 		row  KeyRow
 		live *bool
 	)
-	err := q.QueryRow(ctx, st.keys.lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.ResultDay, &row.Workflow, &live, &row.Locked)
+	err := q.QueryRow(ctx, st.keys.lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.ResultDay, &row.Created, &row.Workflow, &live, &row.Locked)
 	if err != nil {
 		return KeyRow{}, err
 	}
@@ -174,13 +177,15 @@ func (st *Statements) KeyReplace(p KeyStoreParams) Stmt {
 }
 
 // KeyLargeResult reads a large result from the partition of idem_results for day (a KeyRow's
-// ResultDay). ok is false when it is not there: its partition was dropped, which happens only a
-// day after every key that pointed into it expired.
-func (st *Statements) KeyLargeResult(ctx context.Context, q Querier, scope, id string, day time.Time) (data []byte, ok bool, err error) {
+// ResultDay), written with its key row at created (the row's created_at). ok is false when it
+// is not there: its partition was dropped, which happens only a day after every key that
+// pointed into it expired.
+func (st *Statements) KeyLargeResult(ctx context.Context, q Querier, scope, id string, day, created time.Time) (data []byte, ok bool, err error) {
 	// day is the partition's every row's, and the primary key's first column: without it the
 	// key's index could not be searched.
-	sql := `SELECT data FROM ` + st.Tables.qualify(PartitionName("idem_results", day)) + ` WHERE day = $3 AND scope = $1 AND id = $2`
-	err = q.QueryRow(ctx, sql, scope, id, day).Scan(&data)
+	sql := `SELECT data FROM ` + st.Tables.qualify(PartitionName("idem_results", day)) +
+		` WHERE day = $3 AND scope = $1 AND id = $2 AND created_at = $4`
+	err = q.QueryRow(ctx, sql, scope, id, day, created).Scan(&data)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, false, nil

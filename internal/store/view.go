@@ -51,7 +51,7 @@ FROM {signals} WHERE scope = $1 AND id = $2 ORDER BY seq DESC LIMIT $3`),
 		events: t.render(`SELECT name, value, updated_at FROM {events} WHERE scope = $1 AND id = $2 ORDER BY name`),
 		trace:  t.render(`SELECT coalesce(trace_context, '') FROM {runs} WHERE scope = $1 AND id = $2`),
 
-		keyResult: t.render(`SELECT result, result_day, workflow FROM {keys} WHERE scope = $1 AND id = $2`),
+		keyResult: t.render(`SELECT result, result_day, created_at, workflow FROM {keys} WHERE scope = $1 AND id = $2`),
 
 		estimateState: map[RunState]string{},
 	}
@@ -239,13 +239,16 @@ func (st *Statements) RunTraceContext(ctx context.Context, q Querier, scope, id 
 // there is no such key, or when its result was large and its partition is gone (a day after
 // the key expired: see KeyLargeResult).
 func (st *Statements) KeyResult(ctx context.Context, q Querier, scope, id string) (result []byte, workflow *string, ok bool, err error) {
-	var day *time.Time
-	err = q.QueryRow(ctx, st.view().keyResult, scope, id).Scan(&result, &day, &workflow)
+	var (
+		day     *time.Time
+		created time.Time
+	)
+	err = q.QueryRow(ctx, st.view().keyResult, scope, id).Scan(&result, &day, &created, &workflow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, false, nil
 	}
 	if err == nil && day != nil {
-		result, ok, err = st.KeyLargeResult(ctx, q, scope, id, *day)
+		result, ok, err = st.KeyLargeResult(ctx, q, scope, id, *day, created)
 		return result, workflow, ok, err
 	}
 	return result, workflow, err == nil, err
