@@ -57,7 +57,7 @@ import (
 // live result, takes a transaction-scoped advisory lock with pg_try_advisory_xact_lock (it never
 // waits). After fn, one INSERT of the result (over 1 KiB, in the same statement, a row in the
 // partition of idem_results for the day the key expires: see [Reap]). A replay is the SELECT
-// alone (and, for a result over 1 KiB, a read of its one partition). No row is written for
+// alone (for a result over 1 KiB, it reads it from its one partition). No row is written for
 // work that does not commit, and nothing is ever updated on the fresh path, so a call leaves no
 // dead tuple behind.
 //
@@ -193,18 +193,11 @@ func do[T any](ctx context.Context, tel *telemetry.Set, cfg *config, t pgx.Tx, k
 		v = verdictRunFresh
 	}
 	if v == verdictReplay {
-		if row.ResultDay != nil {
-			// A large result, in its day's partition: a second statement, paid by large
-			// replays only. The key is live, so its partition is there.
-			data, ok, err := st.KeyLargeResult(ctx, t, key.Scope, key.ID, *row.ResultDay, *row.Created)
-			if err == nil && !ok {
-				err = fmt.Errorf("idem: the stored result of key %q in scope %q is missing from its partition of idem_results (%s)",
-					key.ID, key.Scope, row.ResultDay.Format(time.DateOnly))
-			}
-			if err != nil {
-				return zero, outcomeError, lookupError(cfg, err)
-			}
-			row.Result = data
+		if row.ResultDay != nil && row.Result == nil {
+			// A large result is in its day's partition, which is there while the key is live.
+			err := fmt.Errorf("idem: the stored result of key %q in scope %q is missing from its partition of idem_results (%s)",
+				key.ID, key.Scope, row.ResultDay.Format(time.DateOnly))
+			return zero, outcomeError, err
 		}
 		out, err := decodeResult[T](key, row.Result)
 		return out, outcomeReplay, err

@@ -3,6 +3,7 @@ UPDATE idem_keys k SET result = r.data, result_day = NULL
 FROM idem_results r WHERE r.day = k.result_day AND r.scope = k.scope AND r.id = k.id AND r.created_at = k.created_at;
 ALTER TABLE idem_keys DROP COLUMN result_day;
 DROP TABLE idem_results;
+DROP FUNCTION idem_result_data(text, date, text, text, timestamptz);
 -- Partitions detached by a drop that did not finish.
 DO $$
 DECLARE n text;

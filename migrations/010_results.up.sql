@@ -21,3 +21,22 @@ CREATE TABLE idem_results (
     data  bytea NOT NULL,
     CONSTRAINT idem_results_pkey PRIMARY KEY (day, scope, id, created_at)
 ) PARTITION BY RANGE (day);
+
+-- A large result, read by the statement that looks its key up: from the one partition named part
+-- (idem_results_pYYYYMMDD, as to_regclass reads it), or NULL when that partition is gone. A join
+-- against idem_results instead would cost every lookup, small results included, a plan over and
+-- a lock on each partition; a second statement would cost a large replay a round trip.
+CREATE FUNCTION idem_result_data(part text, day date, scope text, id text, created timestamptz) RETURNS bytea
+LANGUAGE plpgsql STABLE STRICT AS $$
+DECLARE
+    rel  regclass := to_regclass(part);
+    data bytea;
+BEGIN
+    IF rel IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('SELECT data FROM %s WHERE day = $1 AND scope = $2 AND id = $3 AND created_at = $4', rel)
+        INTO data USING day, scope, id, created;
+    RETURN data;
+END
+$$;

@@ -18,17 +18,17 @@ type keyAdminStatements struct {
 
 // keyInfoColumns are what KeyRecord holds beside the key, read by scanKeyRecord. A run's key
 // expires 'infinity'; it is read as NULL so that it scans into a *time.Time.
-const keyInfoColumns = `k.fingerprint,
-	coalesce(octet_length(k.result), (SELECT octet_length(x.data) FROM {results} x
-		WHERE x.day = k.result_day AND x.scope = k.scope AND x.id = k.id AND x.created_at = k.created_at)),
+func keyInfoColumns(t Tables) string {
+	return `k.fingerprint, coalesce(octet_length(k.result), octet_length(` + resultData(t, "k") + `)),
 	k.workflow, k.created_at,
 	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state`
+}
 
 const keyInfoFrom = `FROM {keys} k LEFT JOIN {runs} r ON r.scope = k.scope AND r.id = k.id`
 
 func newKeyAdminStatements(t Tables) keyAdminStatements {
 	return keyAdminStatements{
-		get: t.render(`SELECT ` + keyInfoColumns + `
+		get: t.render(`SELECT ` + keyInfoColumns(t) + `
 ` + keyInfoFrom + `
 WHERE k.scope = $1 AND k.id = $2`),
 		lock:   `SELECT pg_try_advisory_xact_lock($1)`,
@@ -37,7 +37,7 @@ WHERE k.scope = $1 AND k.id = $2`),
 		// Keyset paging on the primary key (scope, id), whose COLLATE "C" orders ids by their
 		// bytes: the prefix is the range [$3, $4), and the cursor a lower bound beside it; the
 		// index's scan starts at the greater of the two and stops at $4 or the limit.
-		list: t.render(`SELECT k.id, ` + keyInfoColumns + `
+		list: t.render(`SELECT k.id, ` + keyInfoColumns(t) + `
 ` + keyInfoFrom + `
 WHERE k.scope = $1 AND k.id > $2 AND k.id >= $3 AND k.id < $4
 ORDER BY k.id LIMIT $5`),

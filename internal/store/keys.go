@@ -9,7 +9,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -54,10 +53,12 @@ func newKeyStatements(t Tables) keyStatements {
 		// One row whatever happens, thanks to the outer join against a one-row relation.
 		// pg_try_ never waits, so a duplicate is answered at once instead of parking a
 		// connection on a lock, and replays never contend with each other.
-		// A large result is read by KeyLargeResult from the one partition result_day names:
-		// joining the partitioned table here would cost every lookup a plan over, and a lock on,
-		// all of its partitions.
-		lookup: t.render(`SELECT k.fingerprint, k.result, k.result_day, CASE WHEN k.result_day IS NOT NULL THEN k.created_at END, k.workflow, k.expires_at > now(),
+		// A large result is read from the one partition result_day names, by idem_result_data,
+		// and only for a live key (a replay): joining the partitioned table here would cost
+		// every lookup a plan over, and a lock on, all of its partitions.
+		lookup: t.render(`SELECT k.fingerprint,
+	CASE WHEN k.result_day IS NULL THEN k.result WHEN k.expires_at > now() THEN ` + resultData(t, "k") + ` END,
+	k.result_day, k.workflow, k.expires_at > now(),
 	CASE WHEN k.expires_at > now() THEN true ELSE pg_try_advisory_xact_lock($3) END
 FROM (SELECT) AS one LEFT JOIN {keys} k ON k.scope = $1 AND k.id = $2`),
 
@@ -118,9 +119,8 @@ DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NOT NULL AND EXI
 type KeyRow struct {
 	Found       bool
 	Fingerprint []byte
-	Result      []byte     // nil when it is large: see ResultDay
-	ResultDay   *time.Time // set when the result is in idem_results, in this day's partition (KeyLargeResult)
-	Created     *time.Time // with ResultDay: when the result was written, its row's created_at in idem_results
+	Result      []byte     // read for a live key only when it is large (ResultDay set)
+	ResultDay   *time.Time // set when the result is in idem_results, in this day's partition
 	Workflow    *string    // set when the key belongs to a run
 	Live        bool       // not expired
 	Locked      bool       // this transaction holds the key's lock (or needed none: a live result)
@@ -134,7 +134,7 @@ func (st *Statements) KeyLookup(ctx context.Context, q Querier, scope, id string
 		row  KeyRow
 		live *bool
 	)
-	err := q.QueryRow(ctx, st.keys.lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.ResultDay, &row.Created, &row.Workflow, &live, &row.Locked)
+	err := q.QueryRow(ctx, st.keys.lookup, scope, id, lock).Scan(&row.Fingerprint, &row.Result, &row.ResultDay, &row.Workflow, &live, &row.Locked)
 	if err != nil {
 		return KeyRow{}, err
 	}
@@ -176,29 +176,11 @@ func (st *Statements) KeyReplace(p KeyStoreParams) Stmt {
 	return Stmt{SQL: st.keys.replace, Args: p.args()}
 }
 
-// KeyLargeResult reads a large result from the partition of idem_results for day (a KeyRow's
-// ResultDay), written with its key row at created (the row's created_at). ok is false when it
-// is not there: its partition was dropped, which happens only a day after every key that
-// pointed into it expired.
-func (st *Statements) KeyLargeResult(ctx context.Context, q Querier, scope, id string, day, created time.Time) (data []byte, ok bool, err error) {
-	// day is the partition's every row's, and the primary key's first column: without it the
-	// key's index could not be searched.
-	sql := `SELECT data FROM ` + st.Tables.qualify(PartitionName("idem_results", day)) +
-		` WHERE day = $3 AND scope = $1 AND id = $2 AND created_at = $4`
-	err = q.QueryRow(ctx, sql, scope, id, day, created).Scan(&data)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, false, nil
-	case isUndefinedTable(err):
-		return nil, false, nil
-	}
-	return data, err == nil, err
-}
-
-// isUndefinedTable reports whether err is Postgres's "relation does not exist".
-func isUndefinedTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+// resultData is the SQL of the large result of the key row aliased k: idem_result_data on the
+// partition of idem_results its result_day names (NULL when it is gone).
+func resultData(t Tables, k string) string {
+	return t.qualify("idem_result_data") + "(" + t.partitionNameSQL("idem_results", k+".result_day") + ", " +
+		k + ".result_day, " + k + ".scope, " + k + ".id, " + k + ".created_at)"
 }
 
 // IsKeyTaken reports whether err is KeyInsert's or KeyReplace's failure on a key that another

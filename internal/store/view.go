@@ -51,7 +51,8 @@ FROM {signals} WHERE scope = $1 AND id = $2 ORDER BY seq DESC LIMIT $3`),
 		events: t.render(`SELECT name, value, updated_at FROM {events} WHERE scope = $1 AND id = $2 ORDER BY name`),
 		trace:  t.render(`SELECT coalesce(trace_context, '') FROM {runs} WHERE scope = $1 AND id = $2`),
 
-		keyResult: t.render(`SELECT result, result_day, created_at, workflow FROM {keys} WHERE scope = $1 AND id = $2`),
+		keyResult: t.render(`SELECT CASE WHEN k.result_day IS NULL THEN k.result ELSE ` + resultData(t, "k") + ` END,
+	k.result_day IS NOT NULL, k.workflow FROM {keys} k WHERE k.scope = $1 AND k.id = $2`),
 
 		estimateState: map[RunState]string{},
 	}
@@ -239,17 +240,10 @@ func (st *Statements) RunTraceContext(ctx context.Context, q Querier, scope, id 
 // there is no such key, or when its result was large and its partition is gone (a day after
 // the key expired: see KeyLargeResult).
 func (st *Statements) KeyResult(ctx context.Context, q Querier, scope, id string) (result []byte, workflow *string, ok bool, err error) {
-	var (
-		day     *time.Time
-		created time.Time
-	)
-	err = q.QueryRow(ctx, st.view().keyResult, scope, id).Scan(&result, &day, &created, &workflow)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var large bool
+	err = q.QueryRow(ctx, st.view().keyResult, scope, id).Scan(&result, &large, &workflow)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && large && result == nil) {
 		return nil, nil, false, nil
-	}
-	if err == nil && day != nil {
-		result, ok, err = st.KeyLargeResult(ctx, q, scope, id, *day, created)
-		return result, workflow, ok, err
 	}
 	return result, workflow, err == nil, err
 }
