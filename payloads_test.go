@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -356,4 +357,50 @@ func TestMigrateDownKeepsLargeResults(t *testing.T) {
 	again, err := idem.Run(ctx, b.pool, key, func(context.Context, pgx.Tx) (string, error) { return "", nil })
 	require.NoError(t, err)
 	require.True(t, bytes.Equal([]byte(body), []byte(again)))
+}
+
+// TestReapWithoutCreatePrivilege: a reaper whose role may not create tables reaps keys as
+// before, leaves the partitions for later with a warning, and does not fail; large results
+// stay inline meanwhile.
+func TestReapWithoutCreatePrivilege(t *testing.T) {
+	b := setup(t)
+	ctx := b.ctx
+	// No partitions at all, as after applying schema.sql with another tool.
+	_, err := b.pool.Exec(ctx, `DO $$ DECLARE n text; BEGIN
+	FOR n IN SELECT relname FROM pg_class WHERE relname ~ '^idem_results_p[0-9]{8}$' LOOP EXECUTE 'DROP TABLE ' || quote_ident(n); END LOOP;
+END $$;
+CREATE ROLE idem_limited LOGIN;
+GRANT USAGE ON SCHEMA public TO idem_limited;
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO idem_limited;`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = b.pool.Exec(context.Background(), `DROP OWNED BY idem_limited; DROP ROLE idem_limited`)
+	})
+	cfg := b.pool.Config().Copy()
+	cfg.ConnConfig.User = "idem_limited"
+	limited, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer limited.Close()
+
+	key := idem.Key{Scope: "limited", ID: "big"}
+	body := bigBody(4000, "limited")
+	_, err = idem.Run(ctx, limited, key, func(context.Context, pgx.Tx) (string, error) { return body, nil })
+	require.NoError(t, err)
+	inline, day, _ := keyStorage(t, b.pool, "", key)
+	require.True(t, inline, "no partition for its day: inline")
+	require.Nil(t, day)
+	_, err = b.pool.Exec(ctx, `INSERT INTO idem_keys (scope, id, result, created_at, expires_at) VALUES ('limited', 'old', '1', now() - interval '2 days', now() - interval '1 day')`)
+	require.NoError(t, err)
+
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	n, err := idem.Reap(ctx, limited, idem.Logger(logger))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Contains(t, logs.String(), "payload partitions left for a later reap")
+	require.Contains(t, logs.String(), "42501")
+
+	again, err := idem.Run(ctx, limited, key, func(context.Context, pgx.Tx) (string, error) { return "", nil })
+	require.NoError(t, err)
+	require.Equal(t, body, again)
 }

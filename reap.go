@@ -114,6 +114,10 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 		if len(parts.Created)+len(parts.Dropped) > 0 {
 			cfg.logger().InfoContext(ctx, "idem: payload partitions made and dropped", "created", parts.Created, "dropped", parts.Dropped)
 		}
+		for _, skipped := range parts.Skipped {
+			cfg.logger().WarnContext(ctx, "idem: payload partitions left for a later reap; large payloads stay in their rows meanwhile",
+				"error", skipped)
+		}
 		if err != nil {
 			err = fmt.Errorf("idem: error maintaining the payload partitions: %w", tablesError(err))
 		}

@@ -115,6 +115,17 @@ func partitionLockID(schema string) int64 { return lockHash("idem.partitions.v1"
 // PartitionsReport is what MaintainPartitions did.
 type PartitionsReport struct {
 	Created, Dropped []string // qualified names
+	// Skipped says why some work was left for a later call without failing this one: the role
+	// may not create or drop tables (large payloads then stay inline, which is correct, only
+	// dearer to delete), or a lock was not granted within the timeout.
+	Skipped []error
+}
+
+// skippable reports whether err leaves partition upkeep for later rather than failing it:
+// insufficient privilege, or a lock timeout.
+func skippable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "55P03")
 }
 
 // MaintainPartitions makes the payload tables' partitions for yesterday through each table's
@@ -131,11 +142,17 @@ func (st *Statements) MaintainPartitions(ctx context.Context, db Querier) (Parti
 	for _, f := range payloadFamilies {
 		created, err := st.createPartitions(ctx, db, f)
 		rep.Created = append(rep.Created, created...)
+		if err != nil && skippable(err) {
+			rep.Skipped, err = append(rep.Skipped, err), nil
+		}
 		if err != nil {
 			return rep, err
 		}
 		dropped, err := st.dropPartitions(ctx, db, f)
 		rep.Dropped = append(rep.Dropped, dropped...)
+		if err != nil && skippable(err) {
+			rep.Skipped, err = append(rep.Skipped, err), nil
+		}
 		if err != nil {
 			return rep, err
 		}
