@@ -93,10 +93,9 @@ func (t Tables) partitionNameSQL(base, day string) string {
 		prefix = pgx.Identifier{t.schema}.Sanitize() + `."` + prefix
 		suffix = `"`
 	}
-	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-	sql := lit(prefix) + " || to_char(" + day + ", 'YYYYMMDD')"
+	sql := quoteLiteral(prefix) + " || to_char(" + day + ", 'YYYYMMDD')"
 	if suffix != "" {
-		sql += " || " + lit(suffix)
+		sql += " || " + quoteLiteral(suffix)
 	}
 	return sql
 }
@@ -182,7 +181,9 @@ func (st *Statements) createPartitions(ctx context.Context, db Querier, f payloa
 	parent := f.table(t)
 	missing := `SELECT d::date, ` + t.partitionNameSQL(f.base, "d::date") + `
 FROM generate_series(` + utcDay("now()") + ` - 1, ` + utcDay("now()") + ` + $1::int, interval '1 day') d
-WHERE to_regclass(` + t.partitionNameSQL(f.base, "d::date") + `) IS NULL ORDER BY 1`
+WHERE to_regclass(` + t.partitionNameSQL(f.base, "d::date") + `) IS NULL
+	AND to_regclass(` + quoteLiteral(parent) + `) IS NOT NULL -- before its migration, nothing to do
+ORDER BY 1`
 	days, err := partitionDays(ctx, db, missing, f.ahead)
 	if err != nil || len(days) == 0 {
 		return nil, tableError(parent, "making partitions of", err)
@@ -247,6 +248,9 @@ func partitionDays(ctx context.Context, q Querier, sql string, ahead int) ([]par
 		return d, err
 	})
 }
+
+// quoteLiteral is s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // tableError says what failed on which table, or is nil.
 func tableError(table, what string, err error) error {
