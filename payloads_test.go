@@ -292,17 +292,23 @@ INSERT INTO idem_keys (scope, id, result_day, created_at, expires_at) VALUES ('o
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idem_results WHERE scope = 'old'`).Scan(&left))
 	require.Equal(t, 1, left)
 
-	// Given a transaction instead of a pool, Reap detaches plainly, and still drops.
+	// Given a transaction instead of a pool, Reap leaves the drop for a Reap on a pool, which
+	// can detach concurrently, and says so.
 	old := today.AddDate(0, 0, -4)
 	name := store.PartitionName("idem_results", old)
 	_, err = b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE idem_results);
 ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s')`,
 		name, old.Format(time.DateOnly), old.AddDate(0, 0, 1).Format(time.DateOnly)))
 	require.NoError(t, err)
+	var logs bytes.Buffer
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := idem.Reap(ctx, tx)
+		_, err := idem.Reap(ctx, tx, idem.Logger(slog.New(slog.NewTextHandler(&logs, nil))))
 		return err
 	}))
+	require.True(t, exists(name))
+	require.Contains(t, logs.String(), "dropping them needs a *pgxpool.Pool")
+	_, err = idem.Reap(ctx, b.pool)
+	require.NoError(t, err)
 	require.False(t, exists(name))
 
 	// Two reapers at once: no error, each partition dropped once.

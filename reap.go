@@ -69,8 +69,10 @@ const (
 // WAL per row, nothing for vacuum) once that day and one more have passed, with DETACH PARTITION
 // CONCURRENTLY so that no reader or writer of the table waits for it. It also makes the
 // partitions of the days ahead (Migrate makes the first ones); a result whose day has no
-// partition yet stays in its key's row, so nothing depends on Reap having run. Given a
-// transaction rather than a pool, it detaches plainly, which takes the table's lock for a moment.
+// partition yet stays in its key's row, so nothing depends on Reap having run. Dropping needs db
+// to be a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn: given a transaction (or a type of its own),
+// Reap leaves the drops to a later Reap on one of those, and logs a warning; a role that may not
+// create tables leaves results inline, with a warning too. Neither fails the call.
 //
 // A deleted key is free again: the next call with it runs afresh. That is the meaning of the TTL,
 // and Reap only makes it hold on disk too; before Reap gets to them, expired keys are treated as

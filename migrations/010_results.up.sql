@@ -22,10 +22,31 @@ CREATE TABLE idem_results (
     CONSTRAINT idem_results_pkey PRIMARY KEY (day, scope, id, created_at)
 ) PARTITION BY RANGE (day);
 
--- A large result, read by the statement that looks its key up: from the one partition named part
--- (idem_results_pYYYYMMDD, as to_regclass reads it), or NULL when that partition is gone. A join
--- against idem_results instead would cost every lookup, small results included, a plan over and
--- a lock on each partition; a second statement would cost a large replay a round trip.
+-- The partitions are named by day, and reached through these functions by name, never through
+-- idem_results itself: a statement that names the partitioned table plans and locks every
+-- partition, and one that inserts through it routes rows with the partitions it knew when it
+-- started, so that a partition attached meanwhile would make its insert fail.
+
+-- Stores a large result in the partition named part (idem_results_pYYYYMMDD, as to_regclass reads
+-- it), and says whether it could: false when that partition does not exist (yet), and the result
+-- then stays in its key's row. A partition is made and attached in one transaction, so one that
+-- to_regclass finds is attached.
+CREATE FUNCTION idem_result_put(part text, day date, scope text, id text, created timestamptz, data bytea) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    rel regclass := to_regclass(part);
+BEGIN
+    IF rel IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('INSERT INTO %s (day, scope, id, created_at, data) VALUES ($1, $2, $3, $4, $5)', rel)
+        USING day, scope, id, created, data;
+    RETURN true;
+END
+$$;
+
+-- A large result, read by the statement that looks its key up, from the partition named part, or
+-- NULL when that partition is gone.
 CREATE FUNCTION idem_result_data(part text, day date, scope text, id text, created timestamptz) RETURNS bytea
 LANGUAGE plpgsql STABLE STRICT AS $$
 DECLARE
@@ -38,5 +59,22 @@ BEGIN
     EXECUTE format('SELECT data FROM %s WHERE day = $1 AND scope = $2 AND id = $3 AND created_at = $4', rel)
         INTO data USING day, scope, id, created;
     RETURN data;
+END
+$$;
+
+-- The size of a large result, for the operator's listings, without reading it (octet_length of a
+-- value stored out of line reads its header only).
+CREATE FUNCTION idem_result_size(part text, day date, scope text, id text, created timestamptz) RETURNS integer
+LANGUAGE plpgsql STABLE STRICT AS $$
+DECLARE
+    rel  regclass := to_regclass(part);
+    size integer;
+BEGIN
+    IF rel IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('SELECT octet_length(data) FROM %s WHERE day = $1 AND scope = $2 AND id = $3 AND created_at = $4', rel)
+        INTO size USING day, scope, id, created;
+    RETURN size;
 END
 $$;

@@ -19,7 +19,7 @@ type keyAdminStatements struct {
 // keyInfoColumns are what KeyRecord holds beside the key, read by scanKeyRecord. A run's key
 // expires 'infinity'; it is read as NULL so that it scans into a *time.Time.
 func keyInfoColumns(t Tables) string {
-	return `k.fingerprint, coalesce(octet_length(k.result), octet_length(` + resultData(t, "k") + `)),
+	return `k.fingerprint, coalesce(octet_length(k.result), ` + resultSize(t, "k") + `),
 	k.workflow, k.created_at,
 	CASE WHEN k.expires_at = 'infinity' THEN NULL ELSE k.expires_at END, k.expires_at > now(), r.state`
 }

@@ -32,19 +32,21 @@ var resultsFamily = payloadFamily{
 }
 
 // largeResult is the head of the statements that store a large result: the key's expiry, and
-// the day of the partition its result goes to (NULL when that partition does not exist, and the
-// result stays in the key's row), then the result's row in that partition, under the key row's
-// created_at (the same statement_timestamp()), which tells it from a row an earlier key of the
-// same name left there. Postgres runs a data-modifying WITH that the main statement does not
-// read after the main statement: the key's row is written first, so a duplicate that committed
-// the key first fails on idem_keys_pkey, as it does with a small result.
+// the day of the partition its result goes to, stored there by idem_result_put under the key
+// row's created_at (the same statement_timestamp(), which tells it from a row an earlier key of
+// the same name left there), or NULL when that partition does not exist, and the result stays in
+// the key's row. idem_result_put inserts into the partition by name: an INSERT through
+// idem_results would route rows with the partitions it knew when it started, and fail if the
+// one for its day was attached meanwhile. The result's row is written before the key's; a
+// duplicate that committed the key first fails on idem_keys_pkey (or, in the same microsecond,
+// on its partition's primary key: IsKeyTaken knows both), which aborts the transaction.
 func largeResult(t Tables) string {
+	day := utcDay("v.expires_at")
 	return `WITH v AS (
 	SELECT statement_timestamp() + $5::int8 @us AS expires_at
-), p AS (
-	SELECT expires_at, CASE WHEN ` + t.partitionExists("idem_results", utcDay("expires_at")) + ` THEN ` + utcDay("expires_at") + ` END AS day FROM v
-), stored AS (
-	INSERT INTO {results} (day, scope, id, created_at, data) SELECT day, $1, $2, statement_timestamp(), $4 FROM p WHERE day IS NOT NULL
+), p AS MATERIALIZED (
+	SELECT v.expires_at, CASE WHEN ` + t.qualify("idem_result_put") + `(` + t.partitionNameSQL("idem_results", day) + `, ` + day +
+		`, $1, $2, statement_timestamp(), $4) THEN ` + day + ` END AS day FROM v
 )`
 }
 
@@ -119,7 +121,7 @@ DELETE FROM {keys} WHERE scope = $1 AND id = $2 AND workflow IS NOT NULL AND EXI
 type KeyRow struct {
 	Found       bool
 	Fingerprint []byte
-	Result      []byte     // read for a live key only when it is large (ResultDay set)
+	Result      []byte     // a large one (ResultDay set) is read only while the key is live
 	ResultDay   *time.Time // set when the result is in idem_results, in this day's partition
 	Workflow    *string    // set when the key belongs to a run
 	Live        bool       // not expired
@@ -178,8 +180,13 @@ func (st *Statements) KeyReplace(p KeyStoreParams) Stmt {
 
 // resultData is the SQL of the large result of the key row aliased k: idem_result_data on the
 // partition of idem_results its result_day names (NULL when it is gone).
-func resultData(t Tables, k string) string {
-	return t.qualify("idem_result_data") + "(" + t.partitionNameSQL("idem_results", k+".result_day") + ", " +
+func resultData(t Tables, k string) string { return resultCall(t, "idem_result_data", k) }
+
+// resultSize is the SQL of the size of that result, read without the result.
+func resultSize(t Tables, k string) string { return resultCall(t, "idem_result_size", k) }
+
+func resultCall(t Tables, fn, k string) string {
+	return t.qualify(fn) + "(" + t.partitionNameSQL("idem_results", k+".result_day") + ", " +
 		k + ".result_day, " + k + ".scope, " + k + ".id, " + k + ".created_at)"
 }
 
@@ -187,7 +194,11 @@ func resultData(t Tables, k string) string {
 // transaction committed first.
 func IsKeyTaken(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idem_keys_pkey"
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		return false
+	}
+	c := pgErr.ConstraintName
+	return c == "idem_keys_pkey" || (strings.HasPrefix(c, "idem_results_p") && strings.HasSuffix(c, "_pkey"))
 }
 
 // RunKeyRow is what KeyRunKey found of a key that belongs to a run.

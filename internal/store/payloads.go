@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Payloads dropped, not deleted (docs/design/payloads.md). What must be unique stays in narrow,
@@ -124,7 +126,7 @@ type PartitionsReport struct {
 // insufficient privilege, or a lock timeout.
 func skippable(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "55P03")
+	return errors.Is(err, errNoConcurrentDetach) || (errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "55P03"))
 }
 
 // MaintainPartitions makes the payload tables' partitions for yesterday through each table's
@@ -132,10 +134,12 @@ func skippable(err error) bool {
 // partitions (the others skip that part); drops of one partition by two callers at once are
 // harmless, the second finds it gone.
 //
-// db must be able to begin a transaction (a pool, a connection or a transaction). Given a pool
-// or a connection, a partition is detached CONCURRENTLY, which never blocks the table's readers
-// and writers; given a transaction, which cannot run that, it is detached plainly, which takes
-// the parent's ACCESS EXCLUSIVE lock for a moment.
+// Partitions are made with ATTACH, which no reader or writer waits for, on any db (in a
+// savepoint when db is a pgx.Tx). They are dropped only when db is a *pgxpool.Pool, a
+// *pgxpool.Conn or a *pgx.Conn: a partition is detached CONCURRENTLY, which cannot run in a
+// transaction, and a plain DETACH in the caller's transaction would make every reader and writer
+// of the table wait until it commits. Otherwise the report's Skipped says so. Insufficient
+// privilege and lock timeouts are reported in Skipped too, not as errors.
 func (st *Statements) MaintainPartitions(ctx context.Context, db Querier) (PartitionsReport, error) {
 	var rep PartitionsReport
 	for _, f := range payloadFamilies {
@@ -174,8 +178,11 @@ func (st *Statements) CreatePartitions(ctx context.Context, db Querier) ([]strin
 }
 
 // createPartitions makes f's missing partitions from yesterday to f.ahead days from today and
-// returns their names. Each is made empty and attached in one transaction, under a lock that one
-// caller at a time holds (the others skip the work).
+// returns their names. One statement (a DO block, atomic) makes them, each empty and attached,
+// under a lock that one caller at a time holds (the others skip the work), waiting at most 5 s
+// for ATTACH's lock, which only maintenance holds (VACUUM, CREATE INDEX CONCURRENTLY, another
+// ATTACH or DETACH); the caller's lock_timeout is restored after. Given a transaction, it runs
+// in a savepoint, so that a failure leaves the transaction usable.
 func (st *Statements) createPartitions(ctx context.Context, db Querier, f payloadFamily) ([]string, error) {
 	t := st.Tables
 	parent := f.table(t)
@@ -184,52 +191,62 @@ FROM generate_series(` + utcDay("now()") + ` - 1, ` + utcDay("now()") + ` + $1::
 WHERE to_regclass(` + t.partitionNameSQL(f.base, "d::date") + `) IS NULL
 	AND to_regclass(` + quoteLiteral(parent) + `) IS NOT NULL -- before its migration, nothing to do
 ORDER BY 1`
-	days, err := partitionDays(ctx, db, missing, f.ahead)
-	if err != nil || len(days) == 0 {
+	before, err := partitionDays(ctx, db, missing, f.ahead)
+	if err != nil || len(before) == 0 {
 		return nil, tableError(parent, "making partitions of", err)
 	}
-	b, ok := db.(beginner)
-	if !ok {
-		return nil, nil
+	// The CHECK lets ATTACH skip its scan; the partition's primary key is made by ATTACH from
+	// the parent's. ATTACH takes SHARE UPDATE EXCLUSIVE on the parent: readers and writers never
+	// wait for it.
+	block := `DO $idem$
+DECLARE
+	d date;
+	n text;
+	old text := current_setting('lock_timeout');
+BEGIN
+	IF NOT pg_try_advisory_xact_lock(` + fmt.Sprint(partitionLockID(st.schema)) + `) THEN
+		RETURN;
+	END IF;
+	PERFORM set_config('lock_timeout', '5s', true);
+	FOR d IN SELECT g::date FROM generate_series(` + utcDay("now()") + ` - 1, ` + utcDay("now()") + ` + ` + fmt.Sprint(f.ahead) + `, interval '1 day') g LOOP
+		n := ` + t.partitionNameSQL(f.base, "d") + `;
+		IF to_regclass(n) IS NULL THEN
+			n := ` + quoteLiteral(schemaPrefix(t)) + ` || quote_ident(` + quoteLiteral(f.base+"_p") + ` || to_char(d, 'YYYYMMDD'));
+			EXECUTE format('CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS)', n, ` + quoteLiteral(parent) + `);
+			EXECUTE format('ALTER TABLE %s ADD CHECK (day >= %L AND day < %L)', n, d, d + 1);
+			EXECUTE format('ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%L) TO (%L)', ` + quoteLiteral(parent) + `, n, d, d + 1);
+		END IF;
+	END LOOP;
+	PERFORM set_config('lock_timeout', old, true);
+END
+$idem$`
+	if tx, ok := db.(pgx.Tx); ok {
+		err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { _, err := sp.Exec(ctx, block); return err })
+	} else {
+		_, err = db.Exec(ctx, block)
 	}
-	var made []string
-	err = pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
-		made = made[:0]
-		var locked bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, partitionLockID(st.schema)).Scan(&locked); err != nil || !locked {
-			return err
-		}
-		// ATTACH waits for SHARE UPDATE EXCLUSIVE, which only maintenance (VACUUM, CREATE INDEX
-		// CONCURRENTLY, another ATTACH or DETACH) holds: wait a little, then leave it for later.
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
-			return err
-		}
-		days, err := partitionDays(ctx, tx, missing, f.ahead)
-		if err != nil {
-			return err
-		}
-		for _, d := range days {
-			name := t.qualify(PartitionName(f.base, d.day))
-			from, to := d.day.Format(time.DateOnly), d.day.AddDate(0, 0, 1).Format(time.DateOnly)
-			// The CHECK lets ATTACH skip its scan; the partition's primary key is made by
-			// ATTACH from the parent's.
-			for _, sql := range []string{
-				"CREATE TABLE " + name + " (LIKE " + parent + " INCLUDING DEFAULTS)",
-				"ALTER TABLE " + name + " ADD CHECK (day >= '" + from + "' AND day < '" + to + "')",
-				"ALTER TABLE " + parent + " ATTACH PARTITION " + name + " FOR VALUES FROM ('" + from + "') TO ('" + to + "')",
-			} {
-				if _, err := tx.Exec(ctx, sql); err != nil {
-					return err
-				}
-			}
-			made = append(made, name)
-		}
-		return nil
-	})
 	if err != nil {
 		return nil, tableError(parent, "making partitions of", err)
 	}
+	after, err := partitionDays(ctx, db, missing, f.ahead)
+	if err != nil {
+		return nil, tableError(parent, "making partitions of", err)
+	}
+	var made []string
+	for _, d := range before {
+		if !slices.ContainsFunc(after, func(a partitionDay) bool { return a.day.Equal(d.day) }) {
+			made = append(made, t.qualify(PartitionName(f.base, d.day)))
+		}
+	}
 	return made, nil
+}
+
+// schemaPrefix is t's schema as an identifier followed by a dot, or "" without one.
+func schemaPrefix(t Tables) string {
+	if t.schema == "" {
+		return ""
+	}
+	return pgx.Identifier{t.schema}.Sanitize() + "."
 }
 
 type partitionDay struct {
@@ -258,11 +275,6 @@ func tableError(table, what string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s %s: %w", what, table, err)
-}
-
-// beginner is what can begin a transaction: a pool, a connection, a transaction.
-type beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // dropPartitions drops f's partitions that f.droppable says nothing points into, and detached
@@ -306,7 +318,15 @@ ORDER BY c.relname`, parent, f.base)
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("listing partitions of %s: %w", parent, err)
 	}
-	_, inTx := db.(pgx.Tx)
+	// DETACH CONCURRENTLY cannot run in a transaction, and a plain DETACH in the caller's
+	// transaction would hold the parent's ACCESS EXCLUSIVE lock, which every writer and reader of
+	// a large payload waits for (they lock the parent too), until the caller commits. So drops
+	// happen only on what is known to run each statement on its own.
+	concurrently := false
+	switch db.(type) {
+	case *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn:
+		concurrently = true
+	}
 	var dropped []string
 	for _, p := range parts {
 		// A partition of today, yesterday or a day ahead is never dropped, whatever its table
@@ -323,12 +343,12 @@ ORDER BY c.relname`, parent, f.base)
 			if !ok {
 				continue
 			}
-			detach := "ALTER TABLE " + parent + " DETACH PARTITION " + name
-			switch {
-			case p.pending:
-				detach += " FINALIZE"
-			case !inTx:
-				detach += " CONCURRENTLY"
+			if !concurrently {
+				return dropped, errNoConcurrentDetach
+			}
+			detach := "ALTER TABLE " + parent + " DETACH PARTITION " + name + " CONCURRENTLY"
+			if p.pending {
+				detach = "ALTER TABLE " + parent + " DETACH PARTITION " + name + " FINALIZE"
 			}
 			if _, err := db.Exec(ctx, detach); err != nil {
 				if gone(err) {
@@ -337,6 +357,9 @@ ORDER BY c.relname`, parent, f.base)
 				return dropped, fmt.Errorf("detaching %s: %w", name, err)
 			}
 		}
+		if !concurrently {
+			return dropped, errNoConcurrentDetach
+		}
 		if _, err := db.Exec(ctx, "DROP TABLE IF EXISTS "+name); err != nil {
 			return dropped, fmt.Errorf("dropping %s: %w", name, err)
 		}
@@ -344,6 +367,10 @@ ORDER BY c.relname`, parent, f.base)
 	}
 	return dropped, nil
 }
+
+// errNoConcurrentDetach is why partitions that could go were left: the reaper was given a
+// transaction, or a type it cannot tell from one.
+var errNoConcurrentDetach = errors.New("payload partitions that could be dropped were left: dropping them needs a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn, which run each statement on its own (a partition is detached CONCURRENTLY, which cannot run in a transaction)")
 
 // gone reports whether err says that the partition is no longer there to detach: another
 // reaper got to it first.

@@ -1,0 +1,74 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
+)
+
+// TestLargeDoWhileItsPartitionIsAttached: large Do's that run while the partition of their day is
+// being attached all succeed, each result stored either inline or in the partition: the result is
+// written into its partition by name, never routed through idem_results with a list of
+// partitions taken before the attach.
+func TestLargeDoWhileItsPartitionIsAttached(t *testing.T) {
+	b := setup(t)
+	ctx := b.ctx
+	var today time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
+	var (
+		failures []string
+		mu       sync.Mutex
+		seq      atomic.Int64
+		ok       atomic.Int64
+	)
+	for d := 20; d < 140; d++ {
+		day := today.AddDate(0, 0, d)
+		ttl := time.Duration(d) * 24 * time.Hour
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					key := idem.Key{Scope: "race", ID: fmt.Sprintf("k%d", seq.Add(1))}
+					_, err := idem.Run(ctx, b.pool, key, func(context.Context, pgx.Tx) (string, error) {
+						return bigBody(2000, key.ID), nil
+					}, idem.TTL(ttl))
+					if err != nil {
+						mu.Lock()
+						failures = append(failures, err.Error())
+						mu.Unlock()
+					} else {
+						ok.Add(1)
+					}
+				}
+			}()
+		}
+		time.Sleep(15 * time.Millisecond)
+		name := store.PartitionName("idem_results", day)
+		from, to := day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)
+		_, err := b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE idem_results INCLUDING DEFAULTS);
+ALTER TABLE %[1]s ADD CHECK (day >= '%[2]s' AND day < '%[3]s');
+ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s')`, name, from, to))
+		require.NoError(t, err)
+		time.Sleep(10 * time.Millisecond)
+		stop.Store(true)
+		wg.Wait()
+	}
+	t.Logf("%d Do's succeeded, %d failed", ok.Load(), len(failures))
+	if len(failures) > 0 {
+		t.Fatalf("large Do's failed while their day's partition was attached: %d, e.g. %s", len(failures),
+			strings.Join(failures[:min(3, len(failures))], " | "))
+	}
+}
