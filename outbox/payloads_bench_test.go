@@ -1,0 +1,105 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/outbox"
+)
+
+// BenchmarkRelayLargeBodies measures how fast a relay publishes 2,000 messages with 4 KiB
+// bodies over 100 keys, appended in one transaction, to a publisher that acknowledges
+// everything: with the bodies in today's partition ("partition": each read is Fetch and one
+// more statement), or in their rows ("inline": no partition for today, as before). One
+// iteration is one backlog, from its COMMIT to its last acknowledgement. Run it a few times
+// over, the variants interleaved:
+//
+//	for r in 1 2 3; do go test -run '^$' -bench RelayLargeBodies -benchtime 5x ./outbox/; done
+func BenchmarkRelayLargeBodies(b *testing.B) {
+	const (
+		backlog = 2000
+		size    = 4 << 10
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type variant struct {
+		pool      *pgxpool.Pool
+		published atomic.Int64
+	}
+	variants := map[string]*variant{}
+	for _, mode := range []string{"partition", "inline"} {
+		v := &variant{pool: idemtest.NewPool(b, nil)}
+		if mode == "inline" {
+			var today time.Time
+			err := v.pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today)
+			if err == nil {
+				_, err = v.pool.Exec(ctx, `DROP TABLE `+store.PartitionName("idem_outbox_payloads", today))
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		pub := outbox.PublisherFunc(func(_ context.Context, e *outbox.Envelope) error {
+			if len(e.Payload) != size {
+				return errors.New("wrong body")
+			}
+			v.published.Add(1)
+			return nil
+		})
+		relay, err := outbox.NewRelay(v.pool, pub, &outbox.RelayOpts{Name: mode, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			b.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = relay.Run(ctx)
+		}()
+		b.Cleanup(func() { cancel(); <-done })
+		variants[mode] = v
+	}
+	body := randomBody(size)
+	msgs := make([]outbox.Message, backlog)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Topic: "t", Key: "k" + strconv.Itoa(i%100), Payload: body}
+	}
+	for _, mode := range []string{"partition", "inline"} {
+		v := variants[mode]
+		b.Run("4KiB/"+mode, func(b *testing.B) {
+			var elapsed time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				want := v.published.Load() + backlog
+				err := pgx.BeginFunc(ctx, v.pool, func(t pgx.Tx) error {
+					_, err := outbox.AppendBatch(ctx, t, msgs)
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				start := time.Now()
+				b.StartTimer()
+				deadline := start.Add(time.Minute)
+				for v.published.Load() < want {
+					if time.Now().After(deadline) {
+						b.Fatalf("%d of %d published after a minute", v.published.Load()-want+backlog, backlog)
+					}
+					time.Sleep(200 * time.Microsecond)
+				}
+				elapsed += time.Since(start)
+			}
+			b.ReportMetric(float64(b.N*backlog)/elapsed.Seconds(), "msg/s")
+		})
+	}
+}
