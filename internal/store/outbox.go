@@ -153,6 +153,8 @@ func newOutboxStatements(t Tables) outboxStatements {
 )`
 	batchRows := `unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::text[])
 	WITH ORDINALITY AS u(id, topic, key, hash, followers, payload, headers, n)`
+	// Which bodies of a batch move is decided here by PayloadInlineMax itself: a threshold set
+	// by SetPayloadInlineMax only decides which statement is sent.
 	large := `octet_length(u.payload) > ` + strconv.Itoa(PayloadInlineMax)
 	return outboxStatements{
 		appendLarge: t.render(xid + largeBody(t, `
@@ -325,9 +327,9 @@ type OutboxMessage struct {
 // partition of idem_outbox_payloads when there is one; the statement that does so is sent only
 // when a message's body is that large.
 func (st *Statements) OutboxAppend(msgs []OutboxMessage) (Stmt, error) {
-	large := false
+	big := false
 	for _, m := range msgs {
-		large = large || len(m.Payload) > PayloadInlineMax
+		big = big || large(len(m.Payload))
 	}
 	if len(msgs) == 1 {
 		m := msgs[0]
@@ -337,11 +339,11 @@ func (st *Statements) OutboxAppend(msgs []OutboxMessage) (Stmt, error) {
 		}
 		id := pgtype.UUID{Bytes: m.ID, Valid: true}
 		switch {
-		case m.Key == "" && large:
+		case m.Key == "" && big:
 			return Stmt{SQL: st.outbox.appendUnkeyedLarge, Args: []any{id, m.Topic, m.Hash, m.Payload, h}}, nil
 		case m.Key == "":
 			return Stmt{SQL: st.outbox.AppendUnkeyed, Args: []any{id, m.Topic, m.Hash, m.Payload, h}}, nil
-		case large:
+		case big:
 			return Stmt{SQL: st.outbox.appendLarge, Args: []any{id, m.Topic, m.Key, m.Hash, m.Payload, h}}, nil
 		}
 		return Stmt{SQL: st.outbox.Append, Args: []any{id, m.Topic, m.Key, m.Hash, m.Payload, h}}, nil
@@ -377,7 +379,7 @@ func (st *Statements) OutboxAppend(msgs []OutboxMessage) (Stmt, error) {
 		n[i] = counts[k]
 	}
 	sql := st.outbox.AppendBatch
-	if large {
+	if big {
 		sql = st.outbox.appendBatchLarge
 	}
 	return Stmt{SQL: sql, Args: []any{ids, topics, keys, hashes, followers, payloads, headers, distinct, n}}, nil
