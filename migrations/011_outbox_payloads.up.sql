@@ -22,3 +22,23 @@ CREATE TABLE idem_outbox_payloads (
     data bytea NOT NULL,
     CONSTRAINT idem_outbox_payloads_pkey PRIMARY KEY (day, id)
 ) PARTITION BY RANGE (day);
+
+-- Stores large bodies in the partition named part (idem_outbox_payloads_pYYYYMMDD, as to_regclass
+-- reads it), and says whether it could: false when that partition does not exist (yet), and the
+-- bodies then stay in their rows. By name, never through idem_outbox_payloads: an INSERT through
+-- the partitioned table routes rows with the partitions it knew when it started, and would fail
+-- if the day's partition was attached meanwhile. A partition is made and attached in one
+-- transaction, so one that to_regclass finds is attached.
+CREATE FUNCTION idem_outbox_payloads_put(part text, day date, ids uuid[], data bytea[]) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    rel regclass := to_regclass(part);
+BEGIN
+    IF rel IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('INSERT INTO %s (day, id, data) SELECT $1, u.id, u.data FROM unnest($2, $3) AS u(id, data)', rel)
+        USING day, ids, data;
+    RETURN true;
+END
+$$;

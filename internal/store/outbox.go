@@ -157,19 +157,17 @@ func newOutboxStatements(t Tables) outboxStatements {
 	// by SetPayloadInlineMax only decides which statement is sent.
 	large := `octet_length(u.payload) > ` + strconv.Itoa(PayloadInlineMax)
 	return outboxStatements{
-		appendLarge: t.render(xid + largeBody(t, `
-	SELECT p.day, $1, $5 FROM p WHERE p.day IS NOT NULL`) + keyed + `
+		appendLarge: t.render(xid + largeBody(t, `ARRAY[$1::uuid]`, `ARRAY[$5::bytea]`) + keyed + `
 INSERT INTO {outbox} (id, xid, topic, key, seq, hash, payload, payload_day, headers)
 SELECT $1, x.xid, $2, $3, k.seq, $4, CASE WHEN p.day IS NULL THEN $5::bytea END, p.day, $6::jsonb FROM k, x, p`),
 
-		appendUnkeyedLarge: t.render(xid + largeBody(t, `
-	SELECT p.day, $1, $4 FROM p WHERE p.day IS NOT NULL`) + `
+		appendUnkeyedLarge: t.render(xid + largeBody(t, `ARRAY[$1::uuid]`, `ARRAY[$4::bytea]`) + `
 INSERT INTO {outbox} (id, xid, topic, key, hash, payload, payload_day, headers)
 SELECT $1, x.xid, $2, '', $3, CASE WHEN p.day IS NULL THEN $4::bytea END, p.day, $5::jsonb FROM x, p`),
 
-		appendBatchLarge: t.render(xid + largeBody(t, `
-	SELECT p.day, u.id, u.payload FROM p, unnest($1::uuid[], $6::bytea[]) AS u(id, payload)
-	WHERE p.day IS NOT NULL AND `+large) + batchKeys + `
+		appendBatchLarge: t.render(xid + largeBody(t,
+			`ARRAY(SELECT u.id FROM unnest($1::uuid[], $6::bytea[]) AS u(id, payload) WHERE `+large+`)`,
+			`ARRAY(SELECT u.payload FROM unnest($6::bytea[]) AS u(payload) WHERE `+large+`)`) + batchKeys + `
 INSERT INTO {outbox} (id, xid, topic, key, seq, hash, payload, payload_day, headers)
 SELECT u.id, x.xid, u.topic, u.key, k.seq - u.followers, u.hash,
 	CASE WHEN p.day IS NULL OR NOT ` + large + ` THEN u.payload END, CASE WHEN ` + large + ` THEN p.day END, u.headers::jsonb
@@ -301,14 +299,16 @@ var outboxPayloadsFamily = payloadFamily{
 
 // largeBody is the head of the statements that append messages with a large body, after x: the
 // day of the partition the bodies go to, that of the statement's UTC day (and so of the
-// messages' created_at), or NULL when that partition does not exist and the bodies stay in
-// their rows; then the bodies' rows in that partition, which rows (day, id, data) selects.
-func largeBody(t Tables, rows string) string {
+// messages' created_at), once idem_outbox_payloads_put has stored the bodies (the uuid[] ids,
+// the bytea[] data) there, or NULL when that partition does not exist and the bodies stay in
+// their rows. The function inserts into the partition by name: an INSERT through the partitioned
+// table would route rows with the partitions it knew when it started, and fail if today's was
+// attached meanwhile.
+func largeBody(t Tables, ids, data string) string {
 	today := utcDay("statement_timestamp()")
 	return `, p AS (
-	SELECT CASE WHEN ` + t.partitionExists("idem_outbox_payloads", today) + ` THEN ` + today + ` END AS day
-), stored AS (
-	INSERT INTO {outbox_payloads} (day, id, data)` + rows + `
+	SELECT CASE WHEN ` + t.qualify("idem_outbox_payloads_put") + `(` + t.partitionNameSQL("idem_outbox_payloads", today) + `, ` + today + `, ` + ids + `, ` + data + `)
+		THEN ` + today + ` END AS day
 )`
 }
 
