@@ -3,7 +3,9 @@ package store_test
 import (
 	"bytes"
 	"crypto/rand"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,4 +269,80 @@ func TestOutboxPayloadPartitions(t *testing.T) {
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Contains(t, strings.Join(lines, "\n"), "idem_outbox_payload_day")
+}
+
+// TestOutboxAppendWhileAttaching appends large bodies from several writers while today's
+// partition is made again and again: an Append never fails for it, and each body is read back
+// whole, from its row or from the partition.
+func TestOutboxAppendWhileAttaching(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	today := b.today(t)
+	deadline := time.Now().Add(3 * time.Second)
+	type written struct {
+		id   [16]byte
+		data []byte
+	}
+	results := make(chan []written, 4)
+	errs := make(chan error, 4)
+	// Writers pause while the partition is taken away (a DROP waits for, and can deadlock with,
+	// a writer of the partition; the reaper never drops today's), not while it is made.
+	var dropping sync.RWMutex
+	for w := range 4 {
+		go func() {
+			var out []written
+			defer func() { results <- out }()
+			for i := 0; time.Now().Before(deadline); i++ {
+				m := msgOf("k"+strconv.Itoa(w), 2<<10)
+				msgs := []store.OutboxMessage{m}
+				if i%2 == 1 {
+					msgs = append(msgs, msgOf("", 16), msgOf("", 4<<10))
+				}
+				stmt, err := b.st.OutboxAppend(msgs)
+				dropping.RLock()
+				if err == nil {
+					_, err = b.pool.Exec(b.ctx, stmt.SQL, stmt.Args...)
+				}
+				dropping.RUnlock()
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, m := range msgs {
+					out = append(out, written{m.ID, m.Payload})
+				}
+			}
+		}()
+	}
+	rounds := 0
+	for time.Now().Before(deadline) {
+		// Take today's partition away with its bodies moved back inline, then make it again
+		// while the writers go on.
+		dropping.Lock()
+		_, err := b.pool.Exec(b.ctx, `UPDATE idem_outbox o SET payload = p.data, payload_day = NULL
+FROM idem_outbox_payloads p WHERE p.day = o.payload_day AND p.id = o.id`)
+		if err == nil {
+			_, err = b.pool.Exec(b.ctx, `DROP TABLE IF EXISTS `+store.PartitionName("idem_outbox_payloads", today))
+		}
+		dropping.Unlock()
+		require.NoError(t, err)
+		_, err = b.st.CreatePartitions(b.ctx, b.pool)
+		require.NoError(t, err)
+		rounds++
+		time.Sleep(20 * time.Millisecond)
+	}
+	var all []written
+	for range 4 {
+		all = append(all, <-results...)
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err, "an Append failed while the partition was made")
+	}
+	require.Greater(t, rounds, 3)
+	require.NotEmpty(t, all)
+	for _, w := range all {
+		require.True(t, bytes.Equal(w.data, b.get(t, w.id).Payload))
+	}
+	t.Logf("%d messages over %d rounds", len(all), rounds)
 }
