@@ -520,6 +520,20 @@ BEGIN
 END
 $$;
 
+-- The same for one body (no arrays to build and take apart).
+CREATE FUNCTION idem_outbox_payload_put(part text, day date, id uuid, data bytea) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    rel regclass := to_regclass(part);
+BEGIN
+    IF rel IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('INSERT INTO %s (day, id, data) VALUES ($1, $2, $3)', rel) USING day, id, data;
+    RETURN true;
+END
+$$;
+
 INSERT INTO idem_migrations (version, name) VALUES (1, 'tables');
 INSERT INTO idem_migrations (version, name) VALUES (2, 'waits');
 INSERT INTO idem_migrations (version, name) VALUES (3, 'attempts');

@@ -7,6 +7,7 @@ ALTER TABLE idem_outbox DROP COLUMN payload_day;
 ALTER TABLE idem_outbox ALTER COLUMN payload SET NOT NULL;
 DROP TABLE idem_outbox_payloads;
 DROP FUNCTION idem_outbox_payloads_put(text, date, uuid[], bytea[]);
+DROP FUNCTION idem_outbox_payload_put(text, date, uuid, bytea);
 -- Partitions detached by a drop that did not finish.
 DO $$
 DECLARE n text;

@@ -42,3 +42,17 @@ BEGIN
     RETURN true;
 END
 $$;
+
+-- The same for one body (no arrays to build and take apart).
+CREATE FUNCTION idem_outbox_payload_put(part text, day date, id uuid, data bytea) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    rel regclass := to_regclass(part);
+BEGIN
+    IF rel IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('INSERT INTO %s (day, id, data) VALUES ($1, $2, $3)', rel) USING day, id, data;
+    RETURN true;
+END
+$$;

@@ -157,11 +157,11 @@ func newOutboxStatements(t Tables) outboxStatements {
 	// by SetPayloadInlineMax only decides which statement is sent.
 	large := `octet_length(u.payload) > ` + strconv.Itoa(PayloadInlineMax)
 	return outboxStatements{
-		appendLarge: t.render(xid + largeBody(t, `ARRAY[$1::uuid]`, `ARRAY[$5::bytea]`) + keyed + `
+		appendLarge: t.render(xid + largeBodyOne(t, `$1::uuid`, `$5::bytea`) + keyed + `
 INSERT INTO {outbox} (id, xid, topic, key, seq, hash, payload, payload_day, headers)
 SELECT $1, x.xid, $2, $3, k.seq, $4, CASE WHEN p.day IS NULL THEN $5::bytea END, p.day, $6::jsonb FROM k, x, p`),
 
-		appendUnkeyedLarge: t.render(xid + largeBody(t, `ARRAY[$1::uuid]`, `ARRAY[$4::bytea]`) + `
+		appendUnkeyedLarge: t.render(xid + largeBodyOne(t, `$1::uuid`, `$4::bytea`) + `
 INSERT INTO {outbox} (id, xid, topic, key, hash, payload, payload_day, headers)
 SELECT $1, x.xid, $2, '', $3, CASE WHEN p.day IS NULL THEN $4::bytea END, p.day, $5::jsonb FROM x, p`),
 
@@ -305,9 +305,19 @@ var outboxPayloadsFamily = payloadFamily{
 // table would route rows with the partitions it knew when it started, and fail if today's was
 // attached meanwhile.
 func largeBody(t Tables, ids, data string) string {
+	return largeBodyBy(t, "idem_outbox_payloads_put", ids, data)
+}
+
+// largeBodyOne is largeBody for one message: idem_outbox_payload_put takes its id and body as
+// they are, without arrays to build and take apart.
+func largeBodyOne(t Tables, id, data string) string {
+	return largeBodyBy(t, "idem_outbox_payload_put", id, data)
+}
+
+func largeBodyBy(t Tables, fn, ids, data string) string {
 	today := utcDay("statement_timestamp()")
 	return `, p AS (
-	SELECT CASE WHEN ` + t.qualify("idem_outbox_payloads_put") + `(` + t.partitionNameSQL("idem_outbox_payloads", today) + `, ` + today + `, ` + ids + `, ` + data + `)
+	SELECT CASE WHEN ` + t.qualify(fn) + `(` + t.partitionNameSQL("idem_outbox_payloads", today) + `, ` + today + `, ` + ids + `, ` + data + `)
 		THEN ` + today + ` END AS day
 )`
 }
