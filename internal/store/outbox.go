@@ -288,7 +288,7 @@ FROM {outbox} GROUP BY 1`),
 // and skipped messages leave with the reaper after the retention; a stopped or dead-lettered one
 // keeps its day's partition until an operator acts. A message of day D that commits late (its
 // transaction open for more than a day) cannot lose its body: the partition is dropped only
-// after the detach, which waits for every writer of the table, and a second look at this rule
+// after the detach, which waits for every writer of the partition, and a second look at this rule
 // (see dropPartitions).
 var outboxPayloadsFamily = payloadFamily{
 	base:      "idem_outbox_payloads",
