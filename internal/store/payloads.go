@@ -80,13 +80,6 @@ func PartitionName(base string, day time.Time) string {
 // utcDay is the SQL of the UTC day of the timestamptz expression ts.
 func utcDay(ts string) string { return "((" + ts + ") AT TIME ZONE 'UTC')::date" }
 
-// partitionExists is the SQL of a bool: whether base's partition for the date expression day
-// exists (in t's schema, or on search_path when t names none). Writers ask it in the statement
-// that writes, so that a payload whose day has no partition stays inline.
-func (t Tables) partitionExists(base, day string) string {
-	return "(to_regclass(" + t.partitionNameSQL(base, day) + ") IS NOT NULL)"
-}
-
 // partitionNameSQL is the SQL of the text naming base's partition for the date expression day,
 // qualified by t's schema as to_regclass reads it.
 func (t Tables) partitionNameSQL(base, day string) string {
