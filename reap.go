@@ -73,6 +73,8 @@ const (
 // to be a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn: given a transaction (or a type of its own),
 // Reap leaves the drops to a later Reap on one of those, and logs a warning; a role that may not
 // create tables leaves results inline, with a warning too. Neither fails the call.
+// Outbox message bodies over 1 KiB are in idem_outbox_payloads, by the UTC day of their Append,
+// and go the same way, once no message of that day is left in idem_outbox.
 //
 // A deleted key is free again: the next call with it runs afresh. That is the meaning of the TTL,
 // and Reap only makes it hold on disk too; before Reap gets to them, expired keys are treated as

@@ -34,8 +34,8 @@ type Info struct {
 	Position  int64 // insert order; for one key, commit order
 	Topic     string
 	Key       string
-	Seq       int64 // the key's sequence number; 0 without a key
-	Payload   []byte
+	Seq       int64  // the key's sequence number; 0 without a key
+	Payload   []byte // nil only when a large body was reaped between the read of its row and its own
 	Headers   map[string]string
 	Status    Status
 	Created   time.Time

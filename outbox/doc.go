@@ -67,4 +67,12 @@
 // and live relays in idem_outbox_lanes and idem_outbox_relays (migration 8, outbox; run idem.Migrate).
 // idem.Reap deletes messages published longer ago than idem.OutboxRetention (24 hours by
 // default); dead-lettered and stopped messages wait for an operator.
+//
+// A body over 1 KiB is stored apart, in idem_outbox_payloads (migration 11), in the partition of
+// the UTC day it was appended on, and read back with one more statement per day when the relay
+// reads a batch, or an operator a message; the headers stay in the message's row. idem.Reap
+// drops a day's partition whole once no message of that day is left in idem_outbox, instead of
+// deleting the bodies one by one; a dead-lettered or stopped message keeps its day's partition
+// until an operator retries or skips it and it is reaped. When the day has no partition (Reap and
+// Migrate make them ahead), a body stays in its row, so appending never depends on Reap.
 package outbox

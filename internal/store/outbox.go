@@ -1,9 +1,14 @@
 package store
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -22,6 +27,13 @@ type outboxStatements struct {
 	// AppendUnkeyed writes one message without a key: no sequence number, no lock.
 	// $1 id, $2 topic, $3 hash, $4 payload, $5 headers.
 	AppendUnkeyed string
+
+	// appendLarge, appendUnkeyedLarge and appendBatchLarge are Append, AppendUnkeyed and
+	// AppendBatch for messages with a body over PayloadInlineMax: the same arguments, and the
+	// same writes, with the large bodies in their day's partition of idem_outbox_payloads when
+	// it exists (see largeBody). OutboxAppend sends them only when a body is that large, so
+	// that small messages are written by the statements above, unchanged.
+	appendLarge, appendUnkeyedLarge, appendBatchLarge string
 
 	// AppendBatch writes many messages in one statement. Keys' rows are upserted in key order, so
 	// that two batches never lock each other's keys in opposite orders, and before any message
@@ -107,7 +119,7 @@ type outboxStatements struct {
 }
 
 // outboxColumns are what an OutboxRow scans, in order.
-const outboxColumns = `pos, id, topic, key, coalesce(seq, 0), hash, payload, headers,
+const outboxColumns = `pos, id, topic, key, coalesce(seq, 0), hash, payload, payload_day, headers,
 	(extract(epoch FROM created_at) * 1000000)::int8, published_at, attempts, coalesce(last_error, ''), coalesce(status, '')`
 
 // snapshotNow is the statement's snapshot, the database's clock in µs, and the next xid to be
@@ -128,12 +140,42 @@ func newOutboxStatements(t Tables) outboxStatements {
 		return t.render(`SELECT ` + outboxColumns + ` FROM {outbox} WHERE pos > $1 AND ` + where +
 			` AND ($2 = '' OR topic = $2) AND ($3 = '' OR key = $3) ORDER BY pos LIMIT $4`)
 	}
-	return outboxStatements{
-		Append: t.render(xid + `, k AS (
+	keyed := `, k AS (
 	INSERT INTO {outbox_keys} AS k (key, seq) SELECT $3, 1 FROM x
 	ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1
 	RETURNING seq
-)
+)`
+	batchKeys := `, k AS (
+	INSERT INTO {outbox_keys} AS k (key, seq)
+	SELECT u.key, u.n FROM x, unnest($8::text[], $9::int8[]) AS u(key, n) ORDER BY u.key
+	ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq
+	RETURNING key, seq
+)`
+	batchRows := `unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::text[])
+	WITH ORDINALITY AS u(id, topic, key, hash, followers, payload, headers, n)`
+	// Which bodies of a batch move is decided here by PayloadInlineMax itself: a threshold set
+	// by SetPayloadInlineMax only decides which statement is sent.
+	large := `octet_length(u.payload) > ` + strconv.Itoa(PayloadInlineMax)
+	return outboxStatements{
+		appendLarge: t.render(xid + largeBodyOne(t, `$1::uuid`, `$5::bytea`) + keyed + `
+INSERT INTO {outbox} (id, xid, topic, key, seq, hash, payload, payload_day, headers)
+SELECT $1, x.xid, $2, $3, k.seq, $4, CASE WHEN p.day IS NULL THEN $5::bytea END, p.day, $6::jsonb FROM k, x, p`),
+
+		appendUnkeyedLarge: t.render(xid + largeBodyOne(t, `$1::uuid`, `$4::bytea`) + `
+INSERT INTO {outbox} (id, xid, topic, key, hash, payload, payload_day, headers)
+SELECT $1, x.xid, $2, '', $3, CASE WHEN p.day IS NULL THEN $4::bytea END, p.day, $5::jsonb FROM x, p`),
+
+		appendBatchLarge: t.render(xid + largeBody(t,
+			`ARRAY(SELECT u.id FROM unnest($1::uuid[], $6::bytea[]) AS u(id, payload) WHERE `+large+`)`,
+			`ARRAY(SELECT u.payload FROM unnest($6::bytea[]) AS u(payload) WHERE `+large+`)`) + batchKeys + `
+INSERT INTO {outbox} (id, xid, topic, key, seq, hash, payload, payload_day, headers)
+SELECT u.id, x.xid, u.topic, u.key, k.seq - u.followers, u.hash,
+	CASE WHEN p.day IS NULL OR NOT ` + large + ` THEN u.payload END, CASE WHEN ` + large + ` THEN p.day END, u.headers::jsonb
+FROM x CROSS JOIN p CROSS JOIN ` + batchRows + `
+LEFT JOIN k ON k.key = u.key
+ORDER BY u.n`),
+
+		Append: t.render(xid + keyed + `
 INSERT INTO {outbox} (id, xid, topic, key, seq, hash, payload, headers)
 SELECT $1, x.xid, $2, $3, k.seq, $4, $5, $6::jsonb FROM k, x`),
 
@@ -141,16 +183,10 @@ SELECT $1, x.xid, $2, $3, k.seq, $4, $5, $6::jsonb FROM k, x`),
 INSERT INTO {outbox} (id, xid, topic, key, hash, payload, headers)
 SELECT $1, x.xid, $2, '', $3, $4, $5::jsonb FROM x`),
 
-		AppendBatch: t.render(xid + `, k AS (
-	INSERT INTO {outbox_keys} AS k (key, seq)
-	SELECT u.key, u.n FROM x, unnest($8::text[], $9::int8[]) AS u(key, n) ORDER BY u.key
-	ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq
-	RETURNING key, seq
-)
+		AppendBatch: t.render(xid + batchKeys + `
 INSERT INTO {outbox} (id, xid, topic, key, seq, hash, payload, headers)
 SELECT u.id, x.xid, u.topic, u.key, k.seq - u.followers, u.hash, u.payload, u.headers::jsonb
-FROM x CROSS JOIN unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::text[])
-	WITH ORDINALITY AS u(id, topic, key, hash, followers, payload, headers, n)
+FROM x CROSS JOIN ` + batchRows + `
 LEFT JOIN k ON k.key = u.key
 ORDER BY u.n`),
 
@@ -158,7 +194,7 @@ ORDER BY u.n`),
 SELECT coalesce((SELECT max(pos) FROM {outbox}), 0), s.snap, s.next FROM s`),
 
 		Fetch: t.render(`WITH s AS MATERIALIZED (` + snapshotNow + `)
-SELECT 0, s.snap, s.now, (SELECT coalesce(max(pos), 0) FROM {outbox}), NULL::uuid, '', '', s.next, 0, NULL::bytea, NULL::jsonb, 0::int8, NULL::timestamptz, 0, '', '' FROM s
+SELECT 0, s.snap, s.now, (SELECT coalesce(max(pos), 0) FROM {outbox}), NULL::uuid, '', '', s.next, 0, NULL::bytea, NULL::date, NULL::jsonb, 0::int8, NULL::timestamptz, 0, '', '' FROM s
 UNION ALL
 (SELECT 1, '', 0, ` + outboxColumns + ` FROM {outbox}
 	WHERE pos > $1 AND ` + unsettled + ` AND hash % $4 = ANY($5::int4[]) ORDER BY pos LIMIT $3)
@@ -244,6 +280,48 @@ FROM {outbox} GROUP BY 1`),
 	}
 }
 
+// outboxPayloadsFamily is idem_outbox_payloads: message bodies over PayloadInlineMax, by the UTC
+// day their message was appended on (its created_at's). Its partition of a day goes once no
+// message of that day is left in idem_outbox: every message that can still be fetched, listed,
+// retried or published has its row there, with payload_day naming the day, and so keeps the
+// partition (the probe is one lookup in the partial index idem_outbox_payload_day). Published
+// and skipped messages leave with the reaper after the retention; a stopped or dead-lettered one
+// keeps its day's partition until an operator acts. A message of day D that commits late (its
+// transaction open for more than a day) cannot lose its body: the partition is dropped only
+// after the detach, which waits for every writer of the partition, and a second look at this rule
+// (see dropPartitions).
+var outboxPayloadsFamily = payloadFamily{
+	base:      "idem_outbox_payloads",
+	table:     func(t Tables) string { return t.OutboxPayloads },
+	ahead:     2, // the day is always today's: two more are plenty for a reaper that stops for a while
+	droppable: `SELECT NOT EXISTS (SELECT FROM {outbox} WHERE payload_day = $1::date)`,
+}
+
+// largeBody is the head of the statements that append messages with a large body, after x: the
+// day of the partition the bodies go to, that of the statement's UTC day (and so of the
+// messages' created_at), once idem_outbox_payloads_put has stored the bodies (the uuid[] ids,
+// the bytea[] data) there, or NULL when that partition does not exist and the bodies stay in
+// their rows. The function inserts into the partition by name: an INSERT through the partitioned
+// table would route rows with the partitions it knew when it started, and fail if today's was
+// attached meanwhile.
+func largeBody(t Tables, ids, data string) string {
+	return largeBodyBy(t, "idem_outbox_payloads_put", ids, data)
+}
+
+// largeBodyOne is largeBody for one message: idem_outbox_payload_put takes its id and body as
+// they are, without arrays to build and take apart.
+func largeBodyOne(t Tables, id, data string) string {
+	return largeBodyBy(t, "idem_outbox_payload_put", id, data)
+}
+
+func largeBodyBy(t Tables, fn, ids, data string) string {
+	today := utcDay("statement_timestamp()")
+	return `, p AS (
+	SELECT CASE WHEN ` + t.qualify(fn) + `(` + t.partitionNameSQL("idem_outbox_payloads", today) + `, ` + today + `, ` + ids + `, ` + data + `)
+		THEN ` + today + ` END AS day
+)`
+}
+
 // OutboxMessage is a message as Append writes it.
 type OutboxMessage struct {
 	ID      [16]byte
@@ -255,8 +333,14 @@ type OutboxMessage struct {
 }
 
 // OutboxAppend returns the statement that writes msgs (one or more), for the caller to run now
-// or queue for COMMIT. It has no result.
+// or queue for COMMIT. It has no result. A body over PayloadInlineMax bytes goes to today's
+// partition of idem_outbox_payloads when there is one; the statement that does so is sent only
+// when a message's body is that large.
 func (st *Statements) OutboxAppend(msgs []OutboxMessage) (Stmt, error) {
+	big := false
+	for _, m := range msgs {
+		big = big || large(len(m.Payload))
+	}
 	if len(msgs) == 1 {
 		m := msgs[0]
 		h, err := headersJSON(m.Headers)
@@ -264,8 +348,13 @@ func (st *Statements) OutboxAppend(msgs []OutboxMessage) (Stmt, error) {
 			return Stmt{}, err
 		}
 		id := pgtype.UUID{Bytes: m.ID, Valid: true}
-		if m.Key == "" {
+		switch {
+		case m.Key == "" && big:
+			return Stmt{SQL: st.outbox.appendUnkeyedLarge, Args: []any{id, m.Topic, m.Hash, m.Payload, h}}, nil
+		case m.Key == "":
 			return Stmt{SQL: st.outbox.AppendUnkeyed, Args: []any{id, m.Topic, m.Hash, m.Payload, h}}, nil
+		case big:
+			return Stmt{SQL: st.outbox.appendLarge, Args: []any{id, m.Topic, m.Key, m.Hash, m.Payload, h}}, nil
 		}
 		return Stmt{SQL: st.outbox.Append, Args: []any{id, m.Topic, m.Key, m.Hash, m.Payload, h}}, nil
 	}
@@ -299,7 +388,11 @@ func (st *Statements) OutboxAppend(msgs []OutboxMessage) (Stmt, error) {
 	for i, k := range distinct {
 		n[i] = counts[k]
 	}
-	return Stmt{SQL: st.outbox.AppendBatch, Args: []any{ids, topics, keys, hashes, followers, payloads, headers, distinct, n}}, nil
+	sql := st.outbox.AppendBatch
+	if big {
+		sql = st.outbox.appendBatchLarge
+	}
+	return Stmt{SQL: sql, Args: []any{ids, topics, keys, hashes, followers, payloads, headers, distinct, n}}, nil
 }
 
 func headersJSON(h map[string]string) (*string, error) {
@@ -322,7 +415,8 @@ type OutboxRow struct {
 	Key         string
 	Seq         int64 // 0 without a key
 	Hash        int32
-	Payload     []byte
+	Payload     []byte     // read from idem_outbox_payloads when PayloadDay is set; nil if it is gone there
+	PayloadDay  *time.Time // the day of the partition of idem_outbox_payloads that holds a large body
 	Headers     map[string]string
 	CreatedUS   int64 // µs since the epoch, by the database's clock
 	PublishedAt *time.Time
@@ -332,7 +426,7 @@ type OutboxRow struct {
 }
 
 func (r *OutboxRow) dest() []any {
-	return []any{&r.Pos, (*uuidDest)(&r.ID), &r.Topic, &r.Key, &r.Seq, &r.Hash, &r.Payload, &r.Headers,
+	return []any{&r.Pos, (*uuidDest)(&r.ID), &r.Topic, &r.Key, &r.Seq, &r.Hash, &r.Payload, &r.PayloadDay, &r.Headers,
 		&r.CreatedUS, &r.PublishedAt, &r.Attempts, &r.LastError, &r.Status}
 }
 
@@ -341,5 +435,85 @@ type uuidDest [16]byte
 
 func (u *uuidDest) ScanUUID(v pgtype.UUID) error {
 	*u = v.Bytes
+	return nil
+}
+
+// outboxBodies reads the large bodies of rows (those with a PayloadDay) from their days'
+// partitions of idem_outbox_payloads: one statement per day, each on that one partition by name,
+// never on the partitioned table (a generic plan over it would plan and lock every partition).
+// It returns the rows whose body is not there: their partition was dropped, or never held them,
+// which for a message still in idem_outbox the family's rule makes impossible, unless the message
+// was reaped after rows were read.
+func (st *Statements) outboxBodies(ctx context.Context, q Querier, rows ...[]OutboxRow) ([]*OutboxRow, error) {
+	type want struct {
+		ids  []pgtype.UUID
+		rows map[[16]byte]*OutboxRow
+	}
+	var (
+		days  []time.Time
+		byDay map[time.Time]*want
+	)
+	for _, rs := range rows {
+		for i := range rs {
+			r := &rs[i]
+			if r.PayloadDay == nil {
+				continue
+			}
+			if byDay == nil {
+				byDay = map[time.Time]*want{}
+			}
+			w := byDay[*r.PayloadDay]
+			if w == nil {
+				w = &want{rows: map[[16]byte]*OutboxRow{}}
+				byDay[*r.PayloadDay] = w
+				days = append(days, *r.PayloadDay)
+			}
+			w.ids = append(w.ids, pgtype.UUID{Bytes: r.ID, Valid: true})
+			w.rows[r.ID] = r
+		}
+	}
+	var missing []*OutboxRow
+	for _, day := range days {
+		w := byDay[day]
+		sql := `SELECT id, data FROM ` + st.Tables.qualify(PartitionName("idem_outbox_payloads", day)) + ` WHERE day = $1 AND id = ANY($2)`
+		res, err := q.Query(ctx, sql, day, w.ids)
+		if err != nil && !IsMissingTable(err) {
+			return nil, err
+		}
+		if err == nil {
+			var (
+				id   uuidDest
+				data []byte
+			)
+			_, err = pgx.ForEachRow(res, []any{&id, &data}, func() error {
+				if r := w.rows[id]; r != nil {
+					r.Payload = data
+					delete(w.rows, id)
+				}
+				return nil
+			})
+			if err != nil && !IsMissingTable(err) {
+				return nil, err
+			}
+		}
+		for _, r := range w.rows {
+			missing = append(missing, r)
+		}
+	}
+	return missing, nil
+}
+
+// outboxBodiesLive is outboxBodies for the relay's reads, whose messages are unsettled: a body
+// that is not there is an error, never an empty message to publish.
+func (st *Statements) outboxBodiesLive(ctx context.Context, q Querier, rows ...[]OutboxRow) error {
+	missing, err := st.outboxBodies(ctx, q, rows...)
+	if err != nil {
+		return fmt.Errorf("reading large message bodies: %w", err)
+	}
+	if len(missing) > 0 {
+		r := missing[0]
+		return fmt.Errorf("the body of outbox message %s (position %d) is missing from %s: was that partition dropped by hand?",
+			uuid.UUID(r.ID), r.Pos, st.Tables.qualify(PartitionName("idem_outbox_payloads", *r.PayloadDay)))
+	}
 	return nil
 }

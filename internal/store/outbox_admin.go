@@ -10,10 +10,16 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// OutboxGet reads a message by id; pgx.ErrNoRows when there is none.
+// OutboxGet reads a message by id, with its body; pgx.ErrNoRows when there is none. A large body
+// that is gone from its partition (the message was reaped between the two reads) is nil.
 func (st *Statements) OutboxGet(ctx context.Context, q Querier, id [16]byte) (OutboxRow, error) {
 	var r OutboxRow
 	err := q.QueryRow(ctx, st.outbox.Get, pgtype.UUID{Bytes: id, Valid: true}).Scan(r.dest()...)
+	if err == nil && r.PayloadDay != nil {
+		rows := []OutboxRow{r}
+		_, err = st.outboxBodies(ctx, q, rows)
+		r = rows[0]
+	}
 	return r, err
 }
 
@@ -28,7 +34,8 @@ type OutboxListParams struct {
 	Limit  int
 }
 
-// OutboxList lists messages in position order.
+// OutboxList lists messages in position order, with their bodies (a large one read from its
+// partition; nil if the message was reaped meanwhile).
 func (st *Statements) OutboxList(ctx context.Context, q Querier, p OutboxListParams) ([]OutboxRow, error) {
 	args := []any{p.After, p.Topic, p.Key, p.Limit}
 	var sql string
@@ -50,10 +57,15 @@ func (st *Statements) OutboxList(ctx context.Context, q Querier, p OutboxListPar
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRow, error) {
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRow, error) {
 		var r OutboxRow
 		return r, row.Scan(r.dest()...)
 	})
+	if err != nil {
+		return nil, err
+	}
+	_, err = st.outboxBodies(ctx, q, out)
+	return out, err
 }
 
 // OutboxSetStatus sets a message's status ("" for the relay to take it up again, with its attempts

@@ -91,7 +91,9 @@ type OutboxFetched struct {
 	Late     []OutboxRow
 }
 
-// OutboxFetch runs Fetch.
+// OutboxFetch runs Fetch, and reads the large bodies of the messages it found (one more statement
+// per day of them). A large body that is missing is an error: an unsettled message keeps its
+// partition.
 func (st *Statements) OutboxFetch(ctx context.Context, q Querier, p OutboxFetchParams) (OutboxFetched, error) {
 	late := make([]int64, len(p.Late))
 	for i, x := range p.Late {
@@ -102,6 +104,7 @@ func (st *Statements) OutboxFetch(ctx context.Context, q Querier, p OutboxFetchP
 		return OutboxFetched{}, err
 	}
 	defer rows.Close()
+	large := false
 	var (
 		out  OutboxFetched
 		src  int
@@ -125,12 +128,18 @@ func (st *Statements) OutboxFetch(ctx context.Context, q Querier, p OutboxFetchP
 		default:
 			out.Late = append(out.Late, r)
 		}
+		large = large || r.PayloadDay != nil
 	}
-	return out, rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil || !large {
+		return out, err
+	}
+	// The large bodies, after the rows are closed, so that q may be a connection or a transaction.
+	return out, st.outboxBodiesLive(ctx, q, out.New, out.Late)
 }
 
-// OutboxCatchUp runs CatchUp: the unsettled messages of lanes with positions in (from, to], and
-// the database's clock.
+// OutboxCatchUp runs CatchUp: the unsettled messages of lanes with positions in (from, to], with
+// their large bodies, and the database's clock.
 func (st *Statements) OutboxCatchUp(ctx context.Context, q Querier, from, to int64, limit, lanes int, which []int32) ([]OutboxRow, int64, error) {
 	rows, err := q.Query(ctx, st.outbox.CatchUp, from, to, limit, lanes, which)
 	if err != nil {
@@ -148,5 +157,9 @@ func (st *Statements) OutboxCatchUp(ctx context.Context, q Querier, from, to int
 		}
 		out = append(out, r)
 	}
-	return out, now, rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	return out, now, st.outboxBodiesLive(ctx, q, out)
 }

@@ -70,7 +70,7 @@ type payloadFamily struct {
 }
 
 // payloadFamilies are the payload tables the reaper maintains, in the order it visits them.
-var payloadFamilies = []payloadFamily{resultsFamily}
+var payloadFamilies = []payloadFamily{resultsFamily, outboxPayloadsFamily}
 
 // PartitionName is the unqualified name of base's partition for day (taken in UTC).
 func PartitionName(base string, day time.Time) string {
@@ -79,13 +79,6 @@ func PartitionName(base string, day time.Time) string {
 
 // utcDay is the SQL of the UTC day of the timestamptz expression ts.
 func utcDay(ts string) string { return "((" + ts + ") AT TIME ZONE 'UTC')::date" }
-
-// partitionExists is the SQL of a bool: whether base's partition for the date expression day
-// exists (in t's schema, or on search_path when t names none). Writers ask it in the statement
-// that writes, so that a payload whose day has no partition stays inline.
-func (t Tables) partitionExists(base, day string) string {
-	return "(to_regclass(" + t.partitionNameSQL(base, day) + ") IS NOT NULL)"
-}
 
 // partitionNameSQL is the SQL of the text naming base's partition for the date expression day,
 // qualified by t's schema as to_regclass reads it.
@@ -278,7 +271,8 @@ func tableError(table, what string, err error) error {
 }
 
 // dropPartitions drops f's partitions that f.droppable says nothing points into, and detached
-// tables of f's left by an earlier drop that did not finish.
+// tables of f's left by an earlier drop that did not finish. f.droppable is asked before the
+// detach and again after it, before the drop; a partition it no longer allows is attached again.
 func (st *Statements) dropPartitions(ctx context.Context, db Querier, f payloadFamily) ([]string, error) {
 	t := st.Tables
 	parent := f.table(t)
@@ -335,10 +329,16 @@ ORDER BY c.relname`, parent, f.base)
 			continue
 		}
 		name := t.qualify(p.name)
-		if p.attached {
-			var ok bool
+		droppable := func() (ok bool, err error) {
 			if err := db.QueryRow(ctx, t.render(f.droppable), p.day).Scan(&ok); err != nil {
-				return dropped, fmt.Errorf("deciding whether %s can go: %w", name, err)
+				return false, fmt.Errorf("deciding whether %s can go: %w", name, err)
+			}
+			return ok, nil
+		}
+		if p.attached {
+			ok, err := droppable()
+			if err != nil {
+				return dropped, err
 			}
 			if !ok {
 				continue
@@ -359,6 +359,21 @@ ORDER BY c.relname`, parent, f.base)
 		}
 		if !concurrently {
 			return dropped, errNoConcurrentDetach
+		}
+		// Ask again: the detach waited for every transaction that had written to the partition,
+		// so a row pointing into it that committed since the first answer is seen now. Then the
+		// partition goes back, and a detached table left by an earlier drop is dropped only if
+		// the rule allows it too.
+		if ok, err := droppable(); err != nil || !ok {
+			if err == nil {
+				from, to := p.day.Format(time.DateOnly), p.day.AddDate(0, 0, 1).Format(time.DateOnly)
+				_, err = db.Exec(ctx, "ALTER TABLE "+parent+" ATTACH PARTITION "+name+" FOR VALUES FROM ('"+from+"') TO ('"+to+"')")
+				err = tableError(name, "attaching again", err)
+			}
+			if err != nil {
+				return dropped, err
+			}
+			continue
 		}
 		if _, err := db.Exec(ctx, "DROP TABLE IF EXISTS "+name); err != nil {
 			return dropped, fmt.Errorf("dropping %s: %w", name, err)
