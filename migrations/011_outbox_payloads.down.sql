@@ -1,0 +1,2 @@
+-- Reserved: see 011_outbox_payloads.up.sql.
+SELECT 1;
