@@ -216,3 +216,45 @@ func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }
+
+// TestResentStartKeepsTheGeneration: a first Tx step that fails once shares the run's start
+// transaction, which is rolled back with it and sent again, inserting the run anew with a later
+// created_at. The engine goes on with that generation: its large outputs go by the new start
+// day, and a sleep's wake-up job names the run as it is stored, so that it wakes it.
+func TestResentStartKeepsTheGeneration(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	out := bulk(4<<10, 5)
+	var attempts int
+	wf := workflow.Define("resent", func(ctx context.Context, _ int) (string, error) {
+		got, err := steps.Tx(ctx, "first", func(ctx context.Context, tx pgx.Tx) (string, error) {
+			attempts++
+			if attempts == 1 {
+				return "", errBoom
+			}
+			return out, effect(ctx, tx, "resent", "first", "")
+		}, nil)
+		if err != nil {
+			return "", err
+		}
+		if err := steps.Sleep(ctx, "nap", time.Hour); err != nil {
+			return "", err
+		}
+		return got[:1], nil
+	})
+	e := b.engine(t, fastConfig(wf))
+	e.SetClient(insertOnlyClient(t, b))
+	key := idem.Key{Scope: "s", ID: "resent"}
+	_, err := wf.Run(b.ctx, e, key, 0, nil)
+	require.ErrorIs(t, err, idem.ErrInFlight, "asleep")
+	require.Equal(t, 2, attempts)
+
+	var created, generation int64
+	var sameDay bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (extract(epoch FROM r.created_at) * 1000000)::int8, (j.args->>'generation')::int8,
+	s.output_day IS NOT DISTINCT FROM CASE WHEN s.output IS NULL THEN (r.created_at AT TIME ZONE 'UTC')::date END
+FROM idem_runs r JOIN idem_steps s USING (scope, id) JOIN river_job j ON j.kind = 'idem_workflow_wake'
+WHERE r.scope = $1 AND r.id = $2 AND s.seq = 1`, key.Scope, key.ID).Scan(&created, &generation, &sameDay))
+	require.Equal(t, created, generation, "the wake-up job names the run as stored")
+	require.True(t, sameDay, "the output went by the stored run's start day")
+}
