@@ -46,12 +46,19 @@ func (t Tables) runPayloadDay(created string) string {
 
 // runPayloadStore is the SQL of a data-modifying CTE's body that stores the payload data (an
 // expression) of kind, owned by scope and id under ref, in the partition of day, from the rows of
-// from (a FROM list) where day is not null. A row left there by an earlier run under the same key
-// that started on the same day is overwritten.
+// from (a FROM list) where day is not null. A step's output or an event's value may find a row
+// left there under the same ref (by an earlier run under the same key that started on the same
+// day, by steps an operator cut, by the event's last write), which it overwrites. A signal's ref
+// is its seq, from a sequence, which no other row had: it is inserted plainly, without the
+// speculative insertion ON CONFLICT costs.
 func runPayloadStore(kind, day, scope, id, ref, data, from string) string {
-	return `INSERT INTO {run_payloads} (day, scope, id, kind, ref, data)
-	SELECT ` + day + `, ` + scope + `, ` + id + `, '` + kind + `', ` + ref + `, ` + data + ` FROM ` + from + ` WHERE ` + day + ` IS NOT NULL
+	sql := `INSERT INTO {run_payloads} (day, scope, id, kind, ref, data)
+	SELECT ` + day + `, ` + scope + `, ` + id + `, '` + kind + `', ` + ref + `, ` + data + ` FROM ` + from + ` WHERE ` + day + ` IS NOT NULL`
+	if kind != payloadSignal {
+		sql += `
 	ON CONFLICT (day, scope, id, kind, ref) DO UPDATE SET data = excluded.data`
+	}
+	return sql
 }
 
 // createdAt is the SQL of the timestamptz of a run's creation passed as param in µs since the
