@@ -1,5 +1,7 @@
 -- Every body that is still referenced goes back into its message's row first: nothing is lost.
 -- A message whose body is missing would fail SET NOT NULL below, rather than lose it unnoticed.
+-- The locks come first, so that no body can be stored between the move and the drop.
+LOCK TABLE idem_outbox, idem_outbox_payloads IN ACCESS EXCLUSIVE MODE;
 UPDATE idem_outbox o SET payload = p.data, payload_day = NULL
 FROM idem_outbox_payloads p WHERE p.day = o.payload_day AND p.id = o.id;
 DROP INDEX idem_outbox_payload_day;

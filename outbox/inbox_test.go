@@ -85,7 +85,10 @@ func TestInbox(t *testing.T) {
 		}
 		wg.Wait()
 		require.EqualValues(t, 10, handled.Load())
-		require.EqualValues(t, 1, runs.Load())
+		// The handler runs once, except in idem.Do's documented race (a duplicate that committed
+		// after another's snapshot: that one's run is rolled back and it replays): what must
+		// hold is one effect.
+		require.GreaterOrEqual(t, runs.Load(), int64(1))
 		require.Equal(t, 1, count(t, b))
 	})
 

@@ -213,5 +213,7 @@
 //
 // Tables: idem.Migrate creates them (idem_keys, idem_runs, idem_steps, idem_step_attempts,
 // idem_signals, idem_events and idem_schedules; see schema.sql), and River's own with
-// rivermigrate.
+// rivermigrate. Step outputs, signal payloads and event values over 1 KiB live in
+// idem_run_payloads, partitioned by the UTC day their run started; the reaper drops a day's
+// partition once no run created on that day is left.
 package workflow

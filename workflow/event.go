@@ -34,7 +34,7 @@ func SetEventStep(ctx context.Context, name string, value []byte) error {
 	}
 	_, err := RunStepTx(ctx, "event", name, nil, func(ctx context.Context, t pgx.Tx, info *StepInfo) ([]byte, error) {
 		rs := info.rs
-		if err := rs.e.st.EventSet(ctx, t, rs.scope, rs.id, name, value); err != nil {
+		if err := rs.e.st.EventSet(ctx, t, rs.scope, rs.id, name, value, rs.created); err != nil {
 			return nil, fmt.Errorf("error publishing event %q: %w", name, err)
 		}
 		return value, nil

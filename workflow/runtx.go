@@ -202,6 +202,9 @@ func (rt *runTx) resendStart(ctx context.Context) error {
 		rt.rollback(ctx)
 		return errStartTaken
 	}
+	// The run is inserted anew, with a created_at of this statement's: that is its generation
+	// from here on (a wake-up job names it, and a large payload goes to its day's partition).
+	rt.rs.created = row.Created
 	rt.resend = false
 	return nil
 }
@@ -284,6 +287,8 @@ func (rt *runTx) commitWith(ctx context.Context, fenced bool, extra []txctl.Defe
 		}
 	}
 	if p := rt.held; p != nil {
+		// A checkpoint made before the start was sent again names the run's new generation.
+		p.Created = rt.rs.created
 		// The start's transaction inserted the run's row, which no other transaction sees before
 		// it commits: there is nothing to fence against.
 		s := st.StepCheckpoint(*p)
@@ -294,6 +299,7 @@ func (rt *runTx) commitWith(ctx context.Context, fenced bool, extra []txctl.Defe
 		rt.held = nil
 	}
 	for _, p := range rt.pending {
+		p.Created = rt.rs.created
 		rt.attempt.Queue(rt.rs.deferredCheckpoint(st.StepCheckpointInFenced(p), p.Name))
 	}
 	if !fenced {

@@ -530,7 +530,7 @@ func isPermanent(err error) bool {
 // checkpointParams are the row of step s, built in one place for every kind of checkpoint.
 func (rs *runState) checkpointParams(s *StepInfo, output []byte, errMsg *string) store.CheckpointParams {
 	return store.CheckpointParams{LeaseParams: rs.lease(), Seq: s.Seq, Name: s.Name, Kind: s.Kind, Output: output, Error: errMsg,
-		Attempts: s.Attempt}
+		Attempts: s.Attempt, Created: rs.created}
 }
 
 // deferredCheckpoint is a checkpoint queued for COMMIT, whose failure stops the run (a lost

@@ -139,13 +139,17 @@ const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.l
 	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4,
 	r.parent_scope, r.parent_id, r.parent_seq, r.attributes, coalesce(r.version, ''), coalesce(r.attempt_version, r.version, '')`
 
+// forkedOutput is the output of the step s, inline or large.
+const forkedOutput = `coalesce(s.output, (SELECT p.data FROM {run_payloads} p
+	WHERE p.day = s.output_day AND p.scope = s.scope AND p.id = s.id AND p.kind = '` + payloadStep + `' AND p.ref = s.seq::text))`
+
 func newAdminStatements(t Tables) adminStatements {
 	return adminStatements{
 		keyWorkflow: t.render(`SELECT workflow FROM {keys} WHERE scope = $1 AND id = $2`),
 
 		runGet: t.render(`SELECT ` + runColumns + ` FROM {runs} r WHERE r.scope = $1 AND r.id = $2`),
 
-		runSteps: t.render(`SELECT seq, name, kind, attempts, output, error, created_at FROM {steps}
+		runSteps: t.render(`SELECT seq, name, kind, attempts, output, output_day, error, created_at FROM {steps}
 WHERE scope = $1 AND id = $2 ORDER BY seq`),
 
 		// A checkpoint being committed holds the row (its fence), so this waits for it, and a
@@ -189,14 +193,17 @@ RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 	coalesce(version, '')
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
+		// The fork is a new run, with a start day of its own: a large output of the run it copies
+		// is copied into its row, inline. A fork is an operator's rare act, so the payload is
+		// looked up through the partitioned table, with its day as a key.
 		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
-SELECT $3, $4, seq, name, kind, output, error, attempts, created_at FROM {steps}
+SELECT $3, $4, seq, name, kind, ` + forkedOutput + `, error, attempts, created_at FROM {steps} s
 WHERE scope = $1 AND id = $2 AND seq < $5`),
 
 		// An event step's output is the value it set; the last of each name before the fork
 		// point is what the run had published there.
 		forkEvents: t.render(`INSERT INTO {events} (scope, id, name, value)
-SELECT DISTINCT ON (name) $3, $4, name, output FROM {steps}
+SELECT DISTINCT ON (name) $3, $4, name, ` + forkedOutput + ` FROM {steps} s
 WHERE scope = $1 AND id = $2 AND seq < $5 AND kind = 'event' AND error IS NULL
 ORDER BY name, seq DESC`),
 	}
@@ -266,17 +273,34 @@ type StepRow struct {
 	Created    time.Time
 }
 
-// RunSteps reads a run's completed steps in order.
+// RunSteps reads a run's completed steps in order, with their outputs: the large ones from the
+// run's partition of idem_run_payloads, in one more query when it has any.
 func (st *Statements) RunSteps(ctx context.Context, q Querier, scope, id string) ([]StepRow, error) {
 	rows, err := q.Query(ctx, st.admin.runSteps, scope, id)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRow, error) {
+	var days []*time.Time
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRow, error) {
 		var s StepRow
-		err := r.Scan(&s.Seq, &s.Name, &s.Kind, &s.Attempts, &s.Output, &s.Error, &s.Created)
+		var day *time.Time
+		err := r.Scan(&s.Seq, &s.Name, &s.Kind, &s.Attempts, &s.Output, &day, &s.Error, &s.Created)
+		days = append(days, day)
 		return s, err
 	})
+	if err != nil {
+		return nil, err
+	}
+	var refs []largeRef
+	for i, day := range days {
+		if day != nil && out[i].Output == nil {
+			refs = append(refs, largeRef{day: *day, ref: seqRef(out[i].Seq), dst: &out[i].Output})
+		}
+	}
+	if err := st.loadRunPayloads(ctx, q, scope, id, payloadStep, refs); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // LockedRun is a run's row as an admin operation locked it.
@@ -358,7 +382,8 @@ func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id st
 	return f, err == nil, err
 }
 
-// RunForkSteps copies the steps before position from of one run to another.
+// RunForkSteps copies the steps before position from of one run to another, their large
+// outputs inline (the copy is a new run, with a start day of its own).
 func (st *Statements) RunForkSteps(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
 	_, err := q.Exec(ctx, st.admin.forkSteps, scope, id, newScope, newID, from)
 	return err

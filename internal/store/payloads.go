@@ -70,7 +70,7 @@ type payloadFamily struct {
 }
 
 // payloadFamilies are the payload tables the reaper maintains, in the order it visits them.
-var payloadFamilies = []payloadFamily{resultsFamily, outboxPayloadsFamily}
+var payloadFamilies = []payloadFamily{resultsFamily, outboxPayloadsFamily, runPayloadsFamily}
 
 // PartitionName is the unqualified name of base's partition for day (taken in UTC).
 func PartitionName(base string, day time.Time) string {

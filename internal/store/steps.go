@@ -12,6 +12,9 @@ import (
 // stepStatements are the texts of the statements on idem_steps and idem_step_attempts.
 type stepStatements struct {
 	checkpoint, checkpointInFenced, history, attempt, attempts string
+
+	// The same checkpoints for an output over PayloadInlineMax, which goes to idem_run_payloads.
+	checkpointLarge, checkpointInFencedLarge string
 }
 
 func newStepStatements(t Tables) stepStatements {
@@ -32,7 +35,30 @@ SELECT fence.scope, fence.id, $4, $5, $6, $7, $8, $9 FROM (SELECT) AS one LEFT J
 		checkpointInFenced: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts)
 SELECT $1, $2, $4, $5, $6, $7, $8, $9 WHERE $3::uuid IS NOT NULL`),
 
-		history: t.render(`SELECT seq, name, kind, output, error, attempts FROM {steps} WHERE scope = $1 AND id = $2 ORDER BY seq`),
+		// The fence's row is the run's: its created_at names the partition of the output, for
+		// nothing more than a column of a row the fence reads anyway.
+		checkpointLarge: t.render(`WITH fence AS (
+	SELECT scope, id, ` + t.runPayloadDay("created_at") + ` AS day
+	FROM {runs} WHERE scope = $1 AND id = $2 AND lease_token = $3 AND state = 'running'
+	FOR NO KEY UPDATE
+), stored AS (
+	` + t.runPayloadStore(payloadStep, "day", "$1", "$2", "$4::int4::text", "$7", "fence") + `
+)
+INSERT INTO {steps} (scope, id, seq, name, kind, output, output_day, error, attempts)
+SELECT fence.scope, fence.id, $4, $5, $6, CASE WHEN fence.day IS NULL THEN $7::bytea END, fence.day, $8, $9
+FROM (SELECT) AS one LEFT JOIN fence ON true`),
+
+		// The run's creation comes from the engine ($10), which keeps it: no read of the run.
+		checkpointInFencedLarge: t.render(`WITH p AS (
+	SELECT ` + t.runPayloadDay(createdAt("$10")) + ` AS day WHERE $3::uuid IS NOT NULL
+), stored AS (
+	` + t.runPayloadStore(payloadStep, "day", "$1", "$2", "$4::int4::text", "$7", "p") + `
+)
+INSERT INTO {steps} (scope, id, seq, name, kind, output, output_day, error, attempts)
+SELECT $1, $2, $4, $5, $6, CASE WHEN p.day IS NULL THEN $7::bytea END, p.day, $8, $9 FROM p`),
+
+		// A large output is NULL here, and output_day names its partition (RunHistory).
+		history: t.render(`SELECT seq, name, kind, output, output_day, error, attempts FROM {steps} WHERE scope = $1 AND id = $2 ORDER BY seq`),
 
 		// Written only by the run's owner (the lease is checked, without a row lock: an attempt
 		// row is a record, not a recovery point), and trimmed to the newest $10 of its step.
@@ -59,24 +85,39 @@ type CheckpointParams struct {
 	Output     []byte
 	Error      *string
 	Attempts   int
+	// Created is the run's created_at, µs since the epoch (its generation): the UTC day of it
+	// names the partition of idem_run_payloads that an output over PayloadInlineMax goes to.
+	Created int64
 }
 
 func (p CheckpointParams) args() []any {
 	return []any{p.Scope, p.ID, p.Token, p.Seq, p.Name, p.Kind, p.Output, p.Error, p.Attempts}
 }
 
+// large reports whether the output goes to idem_run_payloads, when its partition exists.
+func (p CheckpointParams) large() bool { return len(p.Output) > PayloadInlineMax }
+
 // StepCheckpoint writes a step's row only if the writer still holds the lease, in the same
 // transaction as the step's own writes, and locks the run's row until COMMIT (the fence). When
 // the fence fails, the statement fails (IsFenceError) and aborts the transaction, so it may be
-// queued to go with COMMIT.
+// queued to go with COMMIT. An output over PayloadInlineMax bytes goes to the partition of
+// idem_run_payloads for the day the run was created, in the same statement, when that partition
+// exists; a smaller one is sent with the statement it always was.
 func (st *Statements) StepCheckpoint(p CheckpointParams) Stmt {
+	if p.large() {
+		return Stmt{SQL: st.steps.checkpointLarge, Args: p.args()}
+	}
 	return Stmt{SQL: st.steps.checkpoint, Args: p.args()}
 }
 
 // StepCheckpointInFenced writes a step's row without a fence of its own, for a transaction in
 // which another statement fences (StepCheckpoint, RunFinish, WaitLock): one row lock on the run
-// per transaction is enough to make a takeover wait for it.
+// per transaction is enough to make a takeover wait for it. A large output goes as
+// StepCheckpoint's does, to the partition of the day of p.Created.
 func (st *Statements) StepCheckpointInFenced(p CheckpointParams) Stmt {
+	if p.large() {
+		return Stmt{SQL: st.steps.checkpointInFencedLarge, Args: append(p.args(), p.Created)}
+	}
 	return Stmt{SQL: st.steps.checkpointInFenced, Args: p.args()}
 }
 
@@ -96,17 +137,40 @@ type StepRecord struct {
 	Attempts   int
 }
 
-// RunHistory reads a run's completed steps in order.
+// RunHistory reads a run's completed steps in order, with their outputs: the large ones from
+// the run's partition of idem_run_payloads, in one more query, only when the run has any. A
+// large output missing from there is an error (ErrPayloadMissing), never an empty output.
 func (st *Statements) RunHistory(ctx context.Context, q Querier, scope, id string) ([]StepRecord, error) {
 	rows, err := q.Query(ctx, st.steps.history, scope, id)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRecord, error) {
-		var s StepRecord
-		err := r.Scan(&s.Seq, &s.Name, &s.Kind, &s.Output, &s.Error, &s.Attempts)
-		return s, err
+	var (
+		s   StepRecord
+		day *time.Time
+		out []StepRecord
+		big []int // positions in out of the steps whose output is large
+		lg  []time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&s.Seq, &s.Name, &s.Kind, &s.Output, &day, &s.Error, &s.Attempts}, func() error {
+		if day != nil && s.Output == nil {
+			big, lg = append(big, len(out)), append(lg, *day)
+		}
+		out = append(out, s)
+		s.Output, s.Error, day = nil, nil, nil
+		return nil
 	})
+	if err != nil || len(big) == 0 {
+		return out, err
+	}
+	refs := make([]largeRef, len(big))
+	for i, at := range big {
+		refs[i] = largeRef{day: lg[i], ref: seqRef(out[at].Seq), dst: &out[at].Output}
+	}
+	if err := st.loadRunPayloads(ctx, q, scope, id, payloadStep, refs); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // AttemptOutcome says how a failed attempt of a step ended.

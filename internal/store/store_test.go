@@ -66,7 +66,7 @@ func TestFor(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.NotNil(t, sig.Seq)
-		require.NoError(t, st.EventSet(ctx, tx, "s", "k", "ev", []byte(`2`)))
+		require.NoError(t, st.EventSet(ctx, tx, "s", "k", "ev", []byte(`2`), 0))
 		require.NoError(t, tx.Commit(ctx))
 
 		kr, err := st.RunLookup(ctx, pool, "s", "k")

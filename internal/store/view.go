@@ -45,10 +45,10 @@ func (st *Statements) view() *viewStatements {
 	v := &viewStatements{
 		estimateAll: t.render(`EXPLAIN (FORMAT JSON) SELECT FROM {runs}`),
 		countAll:    t.render(`SELECT state, count(*) FROM {runs} GROUP BY state`),
-		signals: t.render(`SELECT seq, name, payload, coalesce(dedupe_id, ''), sent_at, consumed_at, consumed_step,
+		signals: t.render(`SELECT seq, name, payload, payload_day, coalesce(dedupe_id, ''), sent_at, consumed_at, consumed_step,
 	count(*) OVER ()
 FROM {signals} WHERE scope = $1 AND id = $2 ORDER BY seq DESC LIMIT $3`),
-		events: t.render(`SELECT name, value, updated_at FROM {events} WHERE scope = $1 AND id = $2 ORDER BY name`),
+		events: t.render(`SELECT name, value, value_day, updated_at FROM {events} WHERE scope = $1 AND id = $2 ORDER BY name`),
 		trace:  t.render(`SELECT coalesce(trace_context, '') FROM {runs} WHERE scope = $1 AND id = $2`),
 
 		keyResult: t.render(`SELECT CASE WHEN k.result_day IS NULL THEN k.result ELSE ` + resultData(t, "k") + ` END,
@@ -185,21 +185,33 @@ func (st *Statements) RunSignals(ctx context.Context, q Querier, scope, id strin
 	}
 	var (
 		out   []SignalRecord
+		days  []*time.Time
 		total int
 	)
 	for rows.Next() {
 		var s SignalRecord
-		if err := rows.Scan(&s.Seq, &s.Name, &s.Payload, &s.DedupeID, &s.Sent, &s.Consumed, &s.ConsumedStep, &total); err != nil {
+		var day *time.Time
+		if err := rows.Scan(&s.Seq, &s.Name, &s.Payload, &day, &s.DedupeID, &s.Sent, &s.Consumed, &s.ConsumedStep, &total); err != nil {
 			rows.Close()
 			return nil, 0, err
 		}
-		out = append(out, s)
+		out, days = append(out, s), append(days, day)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, 0, err
 	}
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
 		out[i], out[j] = out[j], out[i]
+		days[i], days[j] = days[j], days[i]
+	}
+	var refs []largeRef
+	for i, day := range days {
+		if day != nil && out[i].Payload == nil {
+			refs = append(refs, largeRef{day: *day, ref: seqRef(out[i].Seq), dst: &out[i].Payload})
+		}
+	}
+	if err := st.loadRunPayloads(ctx, q, scope, id, payloadSignal, refs); err != nil {
+		return nil, 0, err
 	}
 	return out, total, nil
 }
@@ -211,17 +223,34 @@ type EventRecord struct {
 	Updated time.Time
 }
 
-// RunEvents reads a run's events by name.
+// RunEvents reads a run's events by name, the large values from the run's partition of
+// idem_run_payloads.
 func (st *Statements) RunEvents(ctx context.Context, q Querier, scope, id string) ([]EventRecord, error) {
 	rows, err := q.Query(ctx, st.view().events, scope, id)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (EventRecord, error) {
+	var days []*time.Time
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (EventRecord, error) {
 		var e EventRecord
-		err := r.Scan(&e.Name, &e.Value, &e.Updated)
+		var day *time.Time
+		err := r.Scan(&e.Name, &e.Value, &day, &e.Updated)
+		days = append(days, day)
 		return e, err
 	})
+	if err != nil {
+		return nil, err
+	}
+	var refs []largeRef
+	for i, day := range days {
+		if day != nil && out[i].Value == nil {
+			refs = append(refs, largeRef{day: *day, ref: out[i].Name, dst: &out[i].Value})
+		}
+	}
+	if err := st.loadRunPayloads(ctx, q, scope, id, payloadEvent, refs); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // RunTraceContext reads the W3C traceparent a run keeps ("" for none); ok is false when there

@@ -13,6 +13,45 @@ import (
 // events and deadlines.
 type waitStatements struct {
 	lock, consume, suspend, inspect, wake, timeOut, signal, overdue, setEvent, getEvent string
+
+	// The same writes for a payload or value over PayloadInlineMax, which goes to
+	// idem_run_payloads.
+	signalLarge, setEventLarge string
+}
+
+// signalSQL is the statement that records a signal; a large payload goes to the partition of
+// its run's start day, named by the created_at of the run's row, which it reads anyway.
+func signalSQL(t Tables, large bool) string {
+	day, payload, stored := ``, `$4`, ``
+	if large {
+		day = `,
+		` + t.runPayloadDay("created_at") + ` AS day`
+		payload = `CASE WHEN run.day IS NULL THEN $4::bytea END, run.day`
+		stored = `, stored AS (
+	` + t.runPayloadStore(payloadSignal, "payload_day", "$1", "$2", "seq::text", "$4", "sig") + `
+)`
+	}
+	cols, returning := `payload`, `seq`
+	if large {
+		cols, returning = `payload, payload_day`, `seq, payload_day`
+	}
+	return t.render(`WITH run AS (
+	SELECT state, wait_name, wait_seq, (extract(epoch FROM created_at) * 1000000)::int8 AS created,
+		(extract(epoch FROM updated_at) * 1000000)::int8 AS suspended` + day + `
+	FROM {runs} WHERE scope = $1 AND id = $2
+	FOR KEY SHARE
+), pending AS (
+	SELECT count(*) AS n FROM {signals} WHERE scope = $1 AND id = $2 AND consumed_at IS NULL
+), sig AS (
+	INSERT INTO {signals} (scope, id, name, ` + cols + `, dedupe_id)
+	SELECT $1, $2, $3, ` + payload + `, $5 FROM run, pending WHERE run.state NOT IN ('done', 'failed', 'cancelled', 'timed_out') AND pending.n < $6
+	ON CONFLICT (scope, id, dedupe_id) WHERE dedupe_id IS NOT NULL DO NOTHING
+	RETURNING ` + returning + `
+)` + stored + `
+SELECT run.state, run.state = 'awaiting' AND run.wait_name IS NOT DISTINCT FROM $3, coalesce(run.wait_seq, 0), run.created,
+	(SELECT seq FROM sig), run.suspended, (SELECT n FROM pending)::int4,
+	$5::text IS NOT NULL AND EXISTS (SELECT FROM {signals} WHERE scope = $1 AND id = $2 AND dedupe_id = $5)
+FROM run`)
 }
 
 func newWaitStatements(t Tables) waitStatements {
@@ -30,7 +69,7 @@ FOR UPDATE`),
 WHERE scope = $1 AND id = $2 AND consumed_at IS NULL AND seq = (
 	SELECT seq FROM {signals} WHERE scope = $1 AND id = $2 AND name = $3 AND consumed_at IS NULL ORDER BY seq LIMIT 1
 )
-RETURNING seq, payload`),
+RETURNING seq, payload, payload_day`),
 
 		suspend: t.render(`UPDATE {runs} SET state = $4, wait_seq = $5, wait_name = $6,
 	wake_at = 'epoch'::timestamptz + $7::int8 @us, lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
@@ -52,32 +91,27 @@ WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 WHERE scope = $1 AND id = $2 AND state IN ('sleeping', 'awaiting')
 	AND (extract(epoch FROM created_at) * 1000000)::int8 = $3 AND deadline <= {now}`),
 
-		signal: t.render(`WITH run AS (
-	SELECT state, wait_name, wait_seq, (extract(epoch FROM created_at) * 1000000)::int8 AS created,
-		(extract(epoch FROM updated_at) * 1000000)::int8 AS suspended
-	FROM {runs} WHERE scope = $1 AND id = $2
-	FOR KEY SHARE
-), pending AS (
-	SELECT count(*) AS n FROM {signals} WHERE scope = $1 AND id = $2 AND consumed_at IS NULL
-), sig AS (
-	INSERT INTO {signals} (scope, id, name, payload, dedupe_id)
-	SELECT $1, $2, $3, $4, $5 FROM run, pending WHERE run.state NOT IN ('done', 'failed', 'cancelled', 'timed_out') AND pending.n < $6
-	ON CONFLICT (scope, id, dedupe_id) WHERE dedupe_id IS NOT NULL DO NOTHING
-	RETURNING seq
-)
-SELECT run.state, run.state = 'awaiting' AND run.wait_name IS NOT DISTINCT FROM $3, coalesce(run.wait_seq, 0), run.created,
-	(SELECT seq FROM sig), run.suspended, (SELECT n FROM pending)::int4,
-	$5::text IS NOT NULL AND EXISTS (SELECT FROM {signals} WHERE scope = $1 AND id = $2 AND dedupe_id = $5)
-FROM run`),
+		signal:      signalSQL(t, false),
+		signalLarge: signalSQL(t, true),
 
 		overdue: t.render(`SELECT scope, id, (extract(epoch FROM created_at) * 1000000)::int8, coalesce(wait_seq, 0)
 FROM {runs} WHERE state IN ('sleeping', 'awaiting') AND least(wake_at, deadline) <= {now} - $2::int8 @us
 ORDER BY least(wake_at, deadline) LIMIT $1`),
 
+		// value_day goes back to NULL when a small value replaces a large one.
 		setEvent: t.render(`INSERT INTO {events} (scope, id, name, value) VALUES ($1, $2, $3, $4)
-ON CONFLICT (scope, id, name) DO UPDATE SET value = excluded.value, updated_at = {now}`),
+ON CONFLICT (scope, id, name) DO UPDATE SET value = excluded.value, value_day = NULL, updated_at = {now}`),
 
-		getEvent: t.render(`SELECT r.state, e.name IS NOT NULL, e.value
+		// The run's creation comes from the engine ($5), which keeps it.
+		setEventLarge: t.render(`WITH p AS (
+	SELECT ` + t.runPayloadDay(createdAt("$5")) + ` AS day
+), stored AS (
+	` + t.runPayloadStore(payloadEvent, "day", "$1", "$2", "$3", "$4", "p") + `
+)
+INSERT INTO {events} (scope, id, name, value, value_day) SELECT $1, $2, $3, CASE WHEN p.day IS NULL THEN $4::bytea END, p.day FROM p
+ON CONFLICT (scope, id, name) DO UPDATE SET value = excluded.value, value_day = excluded.value_day, updated_at = {now}`),
+
+		getEvent: t.render(`SELECT r.state, e.name IS NOT NULL, e.value, e.value_day
 FROM {runs} r LEFT JOIN {events} e ON e.scope = r.scope AND e.id = r.id AND e.name = $3
 WHERE r.scope = $1 AND r.id = $2`),
 	}
@@ -111,12 +145,17 @@ type SignalConsumed struct {
 }
 
 // SignalConsume marks the oldest pending signal of name as consumed by the step at seq. ok is
-// false when there is none.
+// false when there is none. A large payload is read from its partition of idem_run_payloads, in
+// one more query.
 func (st *Statements) SignalConsume(ctx context.Context, q Querier, scope, id, name string, seq int) (SignalConsumed, bool, error) {
 	var s SignalConsumed
-	err := q.QueryRow(ctx, st.waits.consume, scope, id, name, seq).Scan(&s.Seq, &s.Payload)
+	var day *time.Time
+	err := q.QueryRow(ctx, st.waits.consume, scope, id, name, seq).Scan(&s.Seq, &s.Payload, &day)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SignalConsumed{}, false, nil
+	}
+	if err == nil && day != nil && s.Payload == nil {
+		err = st.loadRunPayloads(ctx, q, scope, id, payloadSignal, []largeRef{{day: *day, ref: seqRef(s.Seq), dst: &s.Payload}})
 	}
 	return s, err == nil, err
 }
@@ -206,14 +245,20 @@ type SignalRow struct {
 // SignalSend records a signal in the caller's transaction, unless the run is finished, the
 // dedupe id was seen before or the run has MaxPending signals pending, locking the run FOR KEY
 // SHARE (see WaitLock); concurrent senders are not ordered by that lock, so each of them may find
-// room for one more. ok is false when the run is unknown.
+// room for one more. ok is false when the run is unknown. A payload over PayloadInlineMax bytes
+// goes to the partition of idem_run_payloads for the day the run was created, in the same
+// statement, when that partition exists.
 func (st *Statements) SignalSend(ctx context.Context, q Querier, p SignalParams) (SignalRow, bool, error) {
 	var s SignalRow
 	most := p.MaxPending
 	if most <= 0 {
 		most = math.MaxInt32
 	}
-	err := q.QueryRow(ctx, st.waits.signal, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID), most).Scan(&s.State, &s.Awaits,
+	sql := st.waits.signal
+	if len(p.Payload) > PayloadInlineMax {
+		sql = st.waits.signalLarge
+	}
+	err := q.QueryRow(ctx, sql, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID), most).Scan(&s.State, &s.Awaits,
 		&s.WaitSeq, &s.Created, &s.Seq, &s.Suspended, &s.Pending, &s.Duplicate)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SignalRow{}, false, nil
@@ -242,8 +287,14 @@ func (st *Statements) RunOverdue(ctx context.Context, q Querier, limit int, late
 	})
 }
 
-// EventSet publishes a run's value under name; the last write wins.
-func (st *Statements) EventSet(ctx context.Context, q Querier, scope, id, name string, value []byte) error {
+// EventSet publishes a run's value under name; the last write wins. created is the run's
+// created_at in µs (its generation): a value over PayloadInlineMax bytes goes to the partition of
+// idem_run_payloads for its UTC day, when that partition exists.
+func (st *Statements) EventSet(ctx context.Context, q Querier, scope, id, name string, value []byte, created int64) error {
+	if len(value) > PayloadInlineMax {
+		_, err := q.Exec(ctx, st.waits.setEventLarge, scope, id, name, value, created)
+		return err
+	}
 	_, err := q.Exec(ctx, st.waits.setEvent, scope, id, name, value)
 	return err
 }
@@ -255,12 +306,17 @@ type EventRow struct {
 	Value []byte
 }
 
-// EventGet reads the run's state and the event's value. ok is false when there is no run.
+// EventGet reads the run's state and the event's value. ok is false when there is no run. A
+// large value is read from its partition of idem_run_payloads, in one more query.
 func (st *Statements) EventGet(ctx context.Context, q Querier, scope, id, name string) (EventRow, bool, error) {
 	var e EventRow
-	err := q.QueryRow(ctx, st.waits.getEvent, scope, id, name).Scan(&e.State, &e.Set, &e.Value)
+	var day *time.Time
+	err := q.QueryRow(ctx, st.waits.getEvent, scope, id, name).Scan(&e.State, &e.Set, &e.Value, &day)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return EventRow{}, false, nil
+	}
+	if err == nil && day != nil && e.Value == nil {
+		err = st.loadRunPayloads(ctx, q, scope, id, payloadEvent, []largeRef{{day: *day, ref: name, dst: &e.Value}})
 	}
 	return e, err == nil, err
 }

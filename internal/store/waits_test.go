@@ -397,9 +397,9 @@ func TestEvent(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, store.EventRow{State: store.RunSleeping}, e, "not set yet")
 
-	require.NoError(t, b.st.EventSet(b.ctx, b.pool, "s", "k", "progress", []byte(`10`)))
-	require.NoError(t, b.st.EventSet(b.ctx, b.pool, "s", "k", "progress", []byte(`20`)))
-	require.NoError(t, b.st.EventSet(b.ctx, b.pool, "s", "k", "stage", nil))
+	require.NoError(t, b.st.EventSet(b.ctx, b.pool, "s", "k", "progress", []byte(`10`), 0))
+	require.NoError(t, b.st.EventSet(b.ctx, b.pool, "s", "k", "progress", []byte(`20`), 0))
+	require.NoError(t, b.st.EventSet(b.ctx, b.pool, "s", "k", "stage", nil, 0))
 	e, ok, err = b.st.EventGet(b.ctx, b.pool, "s", "k", "progress")
 	require.NoError(t, err)
 	require.True(t, ok)
