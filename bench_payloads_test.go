@@ -192,14 +192,7 @@ func BenchmarkPayloadWeek(b *testing.B) {
 		keys, results := pgx.Identifier{schema, "idem_keys"}.Sanitize(), pgx.Identifier{schema, "idem_results"}.Sanitize()
 		if partitioned {
 			// The days of the week behind: the reaper made them as the week went.
-			for d := -8; d <= -2; d++ {
-				day := today.AddDate(0, 0, d)
-				_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE %[2]s);
-ALTER TABLE %[2]s ATTACH PARTITION %[1]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`,
-					pgx.Identifier{schema, store.PartitionName("idem_results", day)}.Sanitize(), results,
-					day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)))
-				require.NoError(b, err)
-			}
+			require.NoError(b, store.For(schema).MakePartitions(ctx, pool, "idem_results", today.AddDate(0, 0, -8), today.AddDate(0, 0, -2)))
 		}
 		walBefore := walLSN(b, pool)
 		writeStart := time.Now()

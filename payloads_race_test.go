@@ -56,12 +56,7 @@ func TestLargeDoWhileItsPartitionIsAttached(t *testing.T) {
 			}()
 		}
 		time.Sleep(15 * time.Millisecond)
-		name := store.PartitionName("idem_results", day)
-		from, to := day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)
-		_, err := b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE idem_results INCLUDING DEFAULTS);
-ALTER TABLE %[1]s ADD CHECK (day >= '%[2]s' AND day < '%[3]s');
-ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s')`, name, from, to))
-		require.NoError(t, err)
+		require.NoError(t, store.For("").MakePartitions(ctx, b.pool, "idem_results", day, day))
 		time.Sleep(10 * time.Millisecond)
 		stop.Store(true)
 		wg.Wait()

@@ -241,6 +241,7 @@ func TestLargeResultsInASchema(t *testing.T) {
 func TestReapDropsResultPartitions(t *testing.T) {
 	b := setup(t)
 	ctx := b.ctx
+	st := store.For("")
 
 	// Partitions of past days, made as the reaper makes them, each with an expired key whose
 	// large result is there.
@@ -249,14 +250,8 @@ func TestReapDropsResultPartitions(t *testing.T) {
 	past := []int{-5, -3, -2, -1}
 	for _, d := range past {
 		day := today.AddDate(0, 0, d)
-		name := store.PartitionName("idem_results", day)
-		_, err := b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (LIKE idem_results);
-ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s')`,
-			name, day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)))
-		if err != nil && !strings.Contains(err.Error(), "already a partition") {
-			require.NoError(t, err)
-		}
-		_, err = b.pool.Exec(ctx, `WITH r AS (INSERT INTO idem_results (day, scope, id, created_at, data)
+		require.NoError(t, st.MakePartitions(ctx, b.pool, "idem_results", day, day))
+		_, err := b.pool.Exec(ctx, `WITH r AS (INSERT INTO idem_results (day, scope, id, created_at, data)
 	VALUES ($1::date, 'old', $2, $1::date::timestamp AT TIME ZONE 'UTC' - interval '1 day', $3))
 INSERT INTO idem_keys (scope, id, result_day, created_at, expires_at) VALUES ('old', $2, $1, $1::date::timestamp AT TIME ZONE 'UTC' - interval '1 day', $1::date::timestamp AT TIME ZONE 'UTC' + interval '1 hour')`,
 			day, fmt.Sprintf("d%d", d), []byte(`"`+bigBody(5000, "old")+`"`))
@@ -296,10 +291,7 @@ INSERT INTO idem_keys (scope, id, result_day, created_at, expires_at) VALUES ('o
 	// can detach concurrently, and says so.
 	old := today.AddDate(0, 0, -4)
 	name := store.PartitionName("idem_results", old)
-	_, err = b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE idem_results);
-ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s')`,
-		name, old.Format(time.DateOnly), old.AddDate(0, 0, 1).Format(time.DateOnly)))
-	require.NoError(t, err)
+	require.NoError(t, st.MakePartitions(ctx, b.pool, "idem_results", old, old))
 	var logs bytes.Buffer
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		_, err := idem.Reap(ctx, tx, idem.Logger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -312,13 +304,7 @@ ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%
 	require.False(t, exists(name))
 
 	// Two reapers at once: no error, each partition dropped once.
-	for _, d := range []int{-6, -7} {
-		day := today.AddDate(0, 0, d)
-		_, err = b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE idem_results);
-ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s')`,
-			store.PartitionName("idem_results", day), day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)))
-		require.NoError(t, err)
-	}
+	require.NoError(t, st.MakePartitions(ctx, b.pool, "idem_results", today.AddDate(0, 0, -7), today.AddDate(0, 0, -6)))
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i := range errs {

@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -25,10 +24,7 @@ func attachPastPartition(t *testing.T, b *testBundle, d int) (name string, today
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
 	day := today.AddDate(0, 0, d)
 	name = store.PartitionName("idem_results", day)
-	_, err := b.pool.Exec(b.ctx, fmt.Sprintf(`CREATE TABLE %[1]s (LIKE idem_results);
-ALTER TABLE idem_results ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s')`,
-		name, day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)))
-	require.NoError(t, err)
+	require.NoError(t, store.For("").MakePartitions(b.ctx, b.pool, "idem_results", day, day))
 	return name, today
 }
 

@@ -188,36 +188,7 @@ ORDER BY 1`
 	if err != nil || len(before) == 0 {
 		return nil, tableError(parent, "making partitions of", err)
 	}
-	// The CHECK lets ATTACH skip its scan; the partition's primary key is made by ATTACH from
-	// the parent's. ATTACH takes SHARE UPDATE EXCLUSIVE on the parent: readers and writers never
-	// wait for it.
-	block := `DO $idem$
-DECLARE
-	d date;
-	n text;
-	old text := current_setting('lock_timeout');
-BEGIN
-	IF NOT pg_try_advisory_xact_lock(` + fmt.Sprint(partitionLockID(st.schema)) + `) THEN
-		RETURN;
-	END IF;
-	PERFORM set_config('lock_timeout', '5s', true);
-	FOR d IN SELECT g::date FROM generate_series(` + utcDay("now()") + ` - 1, ` + utcDay("now()") + ` + ` + fmt.Sprint(f.ahead) + `, interval '1 day') g LOOP
-		n := ` + t.partitionNameSQL(f.base, "d") + `;
-		IF to_regclass(n) IS NULL THEN
-			n := ` + quoteLiteral(schemaPrefix(t)) + ` || quote_ident(` + quoteLiteral(f.base+"_p") + ` || to_char(d, 'YYYYMMDD'));
-			EXECUTE format('CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS)', n, ` + quoteLiteral(parent) + `);
-			EXECUTE format('ALTER TABLE %s ADD CHECK (day >= %L AND day < %L)', n, d, d + 1);
-			EXECUTE format('ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%L) TO (%L)', ` + quoteLiteral(parent) + `, n, d, d + 1);
-		END IF;
-	END LOOP;
-	PERFORM set_config('lock_timeout', old, true);
-END
-$idem$`
-	if tx, ok := db.(pgx.Tx); ok {
-		err = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { _, err := sp.Exec(ctx, block); return err })
-	} else {
-		_, err = db.Exec(ctx, block)
-	}
+	err = st.runPartitionBlock(ctx, db, f, utcDay("now()")+" - 1", utcDay("now()")+" + "+fmt.Sprint(f.ahead))
 	if err != nil {
 		return nil, tableError(parent, "making partitions of", err)
 	}
@@ -232,6 +203,55 @@ $idem$`
 		}
 	}
 	return made, nil
+}
+
+// runPartitionBlock makes f's missing partitions for the days from first to last (SQL date
+// expressions) in one statement, a DO block, atomic: each table is made empty, given a CHECK
+// matching its bound (so that ATTACH skips its scan), and attached (its primary key made by
+// ATTACH from the parent's). ATTACH takes SHARE UPDATE EXCLUSIVE on the parent: readers and
+// writers never wait for it. Given a transaction, the block runs in a savepoint.
+func (st *Statements) runPartitionBlock(ctx context.Context, db Querier, f payloadFamily, first, last string) error {
+	t := st.Tables
+	parent := f.table(t)
+	block := `DO $idem$
+DECLARE
+	d date;
+	n text;
+	old text := current_setting('lock_timeout');
+BEGIN
+	IF NOT pg_try_advisory_xact_lock(` + fmt.Sprint(partitionLockID(st.schema)) + `) THEN
+		RETURN;
+	END IF;
+	PERFORM set_config('lock_timeout', '5s', true);
+	FOR d IN SELECT g::date FROM generate_series(` + first + `, ` + last + `, interval '1 day') g LOOP
+		n := ` + t.partitionNameSQL(f.base, "d") + `;
+		IF to_regclass(n) IS NULL THEN
+			n := ` + quoteLiteral(schemaPrefix(t)) + ` || quote_ident(` + quoteLiteral(f.base+"_p") + ` || to_char(d, 'YYYYMMDD'));
+			EXECUTE format('CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS)', n, ` + quoteLiteral(parent) + `);
+			EXECUTE format('ALTER TABLE %s ADD CHECK (day >= %L AND day < %L)', n, d, d + 1);
+			EXECUTE format('ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%L) TO (%L)', ` + quoteLiteral(parent) + `, n, d, d + 1);
+		END IF;
+	END LOOP;
+	PERFORM set_config('lock_timeout', old, true);
+END
+$idem$`
+	if tx, ok := db.(pgx.Tx); ok {
+		return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { _, err := sp.Exec(ctx, block); return err })
+	}
+	_, err := db.Exec(ctx, block)
+	return err
+}
+
+// MakePartitions makes the partitions of the payload table base (idem_results,
+// idem_outbox_payloads, idem_run_payloads) for the UTC days from first to last that are missing,
+// as the reaper makes those ahead. Tests and benchmarks use it for days in the past.
+func (st *Statements) MakePartitions(ctx context.Context, db Querier, base string, first, last time.Time) error {
+	i := slices.IndexFunc(payloadFamilies, func(f payloadFamily) bool { return f.base == base })
+	if i < 0 {
+		return fmt.Errorf("store: %q is not a payload table", base)
+	}
+	date := func(d time.Time) string { return quoteLiteral(d.UTC().Format(time.DateOnly)) + "::date" }
+	return st.runPartitionBlock(ctx, db, payloadFamilies[i], date(first), date(last))
 }
 
 // schemaPrefix is t's schema as an identifier followed by a dot, or "" without one.
