@@ -233,13 +233,10 @@ func TestLargeBodies(t *testing.T) {
 		published, dead := today.AddDate(0, 0, -3), today.AddDate(0, 0, -4)
 		sent := map[uuid.UUID][]byte{}
 		past := func(day time.Time, topic string, data []byte) uuid.UUID {
-			name := store.PartitionName("idem_outbox_payloads", day)
-			from, to := day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)
-			_, err := b.pool.Exec(b.ctx, `CREATE TABLE IF NOT EXISTS `+name+` PARTITION OF idem_outbox_payloads FOR VALUES FROM ('`+from+`') TO ('`+to+`')`)
-			require.NoError(t, err)
+			require.NoError(t, store.For("").MakePartitions(b.ctx, b.pool, "idem_outbox_payloads", day, day))
 			id := uuid.Must(uuid.NewV7())
 			// As Append would have written it that day.
-			_, err = b.pool.Exec(b.ctx, `WITH m AS (
+			_, err := b.pool.Exec(b.ctx, `WITH m AS (
 	INSERT INTO idem_outbox (id, topic, key, hash, payload, payload_day, created_at)
 	VALUES ($1, $2, '', 1, NULL, $3::date, $3::date::timestamp AT TIME ZONE 'UTC' + interval '12 hours')
 )

@@ -73,12 +73,9 @@ func (b *testBundle) dropPartition(t *testing.T, day time.Time) {
 // that day's partition (made if missing), as Append would have left it on that day.
 func (b *testBundle) pastMessage(t *testing.T, day time.Time, data []byte) [16]byte {
 	t.Helper()
-	name := store.PartitionName("idem_outbox_payloads", day)
-	from, to := day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE IF NOT EXISTS `+name+` PARTITION OF idem_outbox_payloads FOR VALUES FROM ('`+from+`') TO ('`+to+`')`)
-	require.NoError(t, err)
+	require.NoError(t, b.st.MakePartitions(b.ctx, b.pool, "idem_outbox_payloads", day, day))
 	id := idAt(day.Add(12 * time.Hour))
-	_, err = b.pool.Exec(b.ctx, `WITH m AS (
+	_, err := b.pool.Exec(b.ctx, `WITH m AS (
 	INSERT INTO idem_outbox (id, topic, key, hash, payload, payload_day, created_at) VALUES ($1, 't', '', 7, NULL, $2::date, $2::date::timestamp AT TIME ZONE 'UTC' + interval '12 hours')
 )
 INSERT INTO idem_outbox_payloads (day, id, data) VALUES ($2::date, $1, $3)`, id, day, data)

@@ -246,9 +246,8 @@ func TestRunPayloadsPartitionDrop(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ((now() - $1::int8 * interval '1 microsecond') AT TIME ZONE 'UTC')::date`,
 			d.ago.Microseconds()).Scan(&day))
 		part := store.PartitionName("idem_run_payloads", day)
-		from, to := day.Format(time.DateOnly), day.AddDate(0, 0, 1).Format(time.DateOnly)
-		_, err := b.pool.Exec(b.ctx, `CREATE TABLE `+part+` PARTITION OF idem_run_payloads FOR VALUES FROM ('`+from+`') TO ('`+to+`')`)
-		require.NoError(t, err)
+		var err error
+		require.NoError(t, b.st.MakePartitions(b.ctx, b.pool, "idem_run_payloads", day, day))
 		parts[d.id] = part
 		id := d.id
 		if id == "" {
