@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/pgtemp"
 )
 
 // bankStartTimeout bounds one start of the bank: connecting, migrating, starting River.
@@ -162,6 +164,22 @@ func (w *tailBuffer) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.String()
+}
+
+// ownServer starts a Postgres for one test and returns it with a fresh database on it. Tests that
+// restart the server, or that flood it with connections, use one, so that the other tests'
+// connections never queue behind theirs on the shared server's listen socket. With
+// TEST_DATABASE_URL set, that server is the one named.
+func ownServer(t testing.TB) (*pgtemp.Server, string) {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := pgtemp.Start(ctx)
+	require.NoError(t, err, "the test needs a Postgres of its own")
+	t.Cleanup(func() { _ = srv.Close() })
+	dbURL, err := srv.CreateDatabase(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.DropDatabase(context.Background(), dbURL) })
+	return srv, dbURL
 }
 
 // openPool connects the test's own pool, straight to Postgres, for counting. Its connections are

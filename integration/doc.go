@@ -5,7 +5,10 @@
 // Postgres, never by trusting the responses alone.
 //
 //	go test -race ./integration/
-//	IDEM_CHAOS_REQUESTS=50000 IDEM_CRASH_KILLS=100 go test -race -timeout 60m -run Chaos ./integration/
+//	IDEM_CHAOS_REQUESTS=50000 IDEM_CHAOS_SECONDS=3000 go test -race -timeout 60m -run 'TestChaos$' ./integration/
+//
+// TestChaos and TestPostgresRestart start a Postgres of their own, so that the one's reconnection
+// storms and the other's restarts never hold up the other tests' connections.
 //
 // It has no non-test code; this file only documents it.
 package integration

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemkit/idem/internal/pgtemp"
 )
 
 // TestPostgresRestart restarts Postgres three times (IDEM_RESTARTS) while clients send transfers and payouts:
@@ -22,12 +20,7 @@ import (
 func TestPostgresRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv, err := pgtemp.Start(ctx)
-	require.NoError(t, err, "the restart test needs a Postgres")
-	t.Cleanup(func() { _ = srv.Close() })
-	dbURL, err := srv.CreateDatabase(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = srv.DropDatabase(context.Background(), dbURL) })
+	srv, dbURL := ownServer(t)
 	pool := openPool(t, dbURL)
 
 	restart := func() error { return srv.Restart(ctx) }
