@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -182,4 +183,37 @@ func TestMigrateToMakesPartitions(t *testing.T) {
 	var parts int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idem_results'::regclass`).Scan(&parts))
 	require.Equal(t, 16, parts, "MigrateTo(latest) made no partitions, unlike Migrate")
+}
+
+// TestReapWithReport: the report counts each kind of row and names the partitions made, dropped
+// and left for later; Reap returns its total.
+func TestReapWithReport(t *testing.T) {
+	b := setup(t)
+	_, err := idem.Run(b.ctx, b.pool, idem.Key{Scope: "s", ID: "gone"}, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE idem_keys SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	old, today := attachPastPartition(t, b, -5)
+	dropPartitionAhead(t, b, today)
+	// Named as in SQL.
+	old = pgx.Identifier{old}.Sanitize()
+	ahead := pgx.Identifier{store.PartitionName("idem_results", today.AddDate(0, 0, 14))}.Sanitize()
+
+	// In a transaction: the partition ahead is made, the old one is left, and the report says why.
+	require.EqualError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		rep, err := idem.ReapWithReport(b.ctx, tx)
+		require.NoError(t, err)
+		require.Equal(t, idem.ReapReport{Keys: 1, PartitionsCreated: []string{ahead}, PartitionsSkipped: rep.PartitionsSkipped}, rep)
+		require.NotEmpty(t, rep.PartitionsSkipped, "the old partition's drop is left for a Reap on a pool")
+		require.ErrorContains(t, rep.PartitionsSkipped[0], "transaction")
+		require.EqualValues(t, 1, rep.Total())
+		return errors.New("roll back")
+	}), "roll back")
+	// On the pool, after that rollback: everything again, and the old partition goes.
+	rep, err := idem.ReapWithReport(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, idem.ReapReport{Keys: 1, PartitionsCreated: []string{ahead}, PartitionsDropped: []string{old}}, rep)
+	n, err := idem.Reap(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.Zero(t, n)
 }

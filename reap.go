@@ -80,12 +80,50 @@ const (
 // and Reap only makes it hold on disk too; before Reap gets to them, expired keys are treated as
 // new already.
 func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
+	rep, err := ReapWithReport(ctx, db, opts...)
+	return rep.Total(), err
+}
+
+// ReapReport is what one [ReapWithReport] did.
+type ReapReport struct {
+	Keys   int64 // keys of Do (and of outbox inboxes) deleted
+	Runs   int64 // finished workflow runs deleted, with their steps
+	Outbox int64 // published outbox messages deleted
+	// PartitionsCreated and PartitionsDropped name the payload tables' partitions made for the
+	// days ahead and dropped whole, schema-qualified and quoted as in SQL.
+	PartitionsCreated, PartitionsDropped []string
+	// PartitionsSkipped says why partition upkeep was left for a later Reap without failing
+	// this one: db is a transaction, the role may not create or drop tables, or a lock was not
+	// granted in time. Large payloads stay in their rows meanwhile, which is correct, only
+	// dearer to delete.
+	PartitionsSkipped []error
+}
+
+// Total is the rows deleted, as [Reap] returns it: Keys + Runs + Outbox.
+//
+//	rep, err := idem.ReapWithReport(ctx, pool)
+//	log.Printf("reaped %d rows", rep.Total())
+func (r ReapReport) Total() int64 { return r.Keys + r.Runs + r.Outbox }
+
+// ReapWithReport is [Reap], returning what it did in detail: rows deleted of each kind, and the
+// payload partitions it made, dropped or left for later. On an error, the report holds what was
+// done before it.
+//
+//	rep, err := idem.ReapWithReport(ctx, pool)
+//	if err != nil {
+//		return err
+//	}
+//	for _, why := range rep.PartitionsSkipped {
+//		log.Printf("partition upkeep left for later: %v", why)
+//	}
+func ReapWithReport(ctx context.Context, db Querier, opts ...Option) (ReapReport, error) {
+	var rep ReapReport
 	cfg := newConfig(opts)
 	if cfg.err != nil {
-		return 0, cfg.err
+		return rep, cfg.err
 	}
 	if db == nil {
-		return 0, errors.New("idem: Reap needs a database; db is nil")
+		return rep, errors.New("idem: Reap needs a database; db is nil")
 	}
 	st := store.For(cfg.schema)
 	tel := telemetry.For(cfg.tracerProvider, cfg.meterProvider)
@@ -135,7 +173,9 @@ func Reap(ctx context.Context, db Querier, opts ...Option) (int64, error) {
 			span.SetStatus(codes.Error, err.Error())
 		}
 	}
-	return keys + runs + msgs, err
+	rep = ReapReport{Keys: keys, Runs: runs, Outbox: msgs, PartitionsCreated: parts.Created, PartitionsDropped: parts.Dropped,
+		PartitionsSkipped: parts.Skipped}
+	return rep, err
 }
 
 type reaper struct {

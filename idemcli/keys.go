@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -254,16 +255,41 @@ var keysDeleteCmd = &command{
 var reapCmd = &command{
 	name:    "reap",
 	summary: "Delete expired keys and finished runs past their TTL, now.",
-	help:    "What the engine's periodic reap job does; safe beside it.",
+	help: "What the engine's periodic reap job does; safe beside it. It also makes the payload tables'\n" +
+		"partitions for the days ahead and drops those nothing live points into, and says which.",
 	run: func(ctx context.Context, c *call) error {
 		pool, err := c.connect(ctx)
 		if err != nil {
 			return err
 		}
-		n, err := idem.Reap(ctx, pool, c.opts()...)
+		rep, err := idem.ReapWithReport(ctx, pool, c.opts()...)
 		if err != nil {
 			return err
 		}
-		return c.done(fmt.Sprintf("reaped %d expired keys", n), map[string]int64{"reaped": n})
+		skipped := make([]string, len(rep.PartitionsSkipped))
+		for i, e := range rep.PartitionsSkipped {
+			skipped[i] = e.Error()
+		}
+		var msg strings.Builder
+		fmt.Fprintf(&msg, "reaped %d expired keys (%d of Do's, %d runs, %d outbox messages)", rep.Total(), rep.Keys, rep.Runs, rep.Outbox)
+		for _, p := range []struct {
+			what  string
+			names []string
+		}{{"made", rep.PartitionsCreated}, {"dropped", rep.PartitionsDropped}, {"left for a later reap", skipped}} {
+			if len(p.names) > 0 {
+				fmt.Fprintf(&msg, "\npayload partitions %s: %s", p.what, strings.Join(p.names, ", "))
+			}
+		}
+		return c.done(msg.String(), map[string]any{"reaped": rep.Total(), "keys": rep.Keys, "runs": rep.Runs, "outbox": rep.Outbox,
+			"partitions_created": nonNil(rep.PartitionsCreated), "partitions_dropped": nonNil(rep.PartitionsDropped),
+			"partitions_skipped": skipped})
 	},
+}
+
+// nonNil makes an empty list print as [] in JSON rather than null.
+func nonNil(xs []string) []string {
+	if xs == nil {
+		return []string{}
+	}
+	return xs
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/pgtemp"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/workflow"
 )
@@ -201,8 +202,39 @@ func TestCLI(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.pool.Exec(b.ctx, `UPDATE idem_keys SET expires_at = now() - interval '1 second'`)
 		require.NoError(t, err)
-		require.Contains(t, b.ok(t, "reap"), "reaped 1 expired keys")
+		out = b.ok(t, "reap")
+		require.Contains(t, out, "reaped 1 expired keys (1 of Do's, 0 runs, 0 outbox messages)")
+		require.NotContains(t, out, "payload partitions", "Migrate made them all, and none is old enough to drop")
 		require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys`))
+
+		// Reap says which payload partitions it made and dropped: one of ten days ago goes, and
+		// the last day ahead, removed here, comes back.
+		now := time.Now().UTC()
+		old := now.AddDate(0, 0, -10)
+		require.NoError(t, store.For("").MakePartitions(b.ctx, b.pool, "idem_results", old, old))
+		oldName := "idem_results_p" + old.Format("20060102")
+		ahead := "idem_results_p" + now.AddDate(0, 0, 14).Format("20060102")
+		_, err = b.pool.Exec(b.ctx, `DROP TABLE `+ahead)
+		require.NoError(t, err)
+		out = b.ok(t, "reap")
+		require.Contains(t, out, `payload partitions made: "`+ahead+`"`, "named as in SQL")
+		require.Contains(t, out, `payload partitions dropped: "`+oldName+`"`)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM pg_class WHERE relname = '`+oldName+`'`))
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pg_class WHERE relname = '`+ahead+`'`))
+
+		// And the same in JSON, with empty lists as [] when there is nothing to say.
+		var rep struct {
+			Reaped, Keys, Runs, Outbox int64
+			Created                    []string `json:"partitions_created"`
+			Dropped                    []string `json:"partitions_dropped"`
+			Skipped                    []string `json:"partitions_skipped"`
+		}
+		require.NoError(t, store.For("").MakePartitions(b.ctx, b.pool, "idem_outbox_payloads", old, old))
+		require.NoError(t, json.Unmarshal([]byte(b.ok(t, "reap", "--json")), &rep))
+		require.Equal(t, []string{`"idem_outbox_payloads_p` + old.Format("20060102") + `"`}, rep.Dropped)
+		require.Equal(t, []string{}, rep.Created)
+		require.Equal(t, []string{}, rep.Skipped)
+		require.Zero(t, rep.Reaped)
 	})
 
 	// A parent run and its child: runs show lists the children and names the parent, and runs
