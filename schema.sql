@@ -586,6 +586,17 @@ BEGIN
 END
 $$;
 
+-- 013_forks
+
+-- Where a forked run came from (workflow.Engine.RunFork): the run it copied and how many of that
+-- run's steps it copied, for operators (idem runs show, idemui), so that a copied step is told
+-- from the run's own by its position, not guessed from its time. NULL for every other run, which
+-- costs a row nothing but its null bitmap's bits.
+ALTER TABLE idem_runs
+    ADD COLUMN forked_scope text COLLATE "C",
+    ADD COLUMN forked_id    text COLLATE "C",
+    ADD COLUMN forked_steps integer;
+
 INSERT INTO idem_migrations (version, name) VALUES (1, 'tables');
 INSERT INTO idem_migrations (version, name) VALUES (2, 'waits');
 INSERT INTO idem_migrations (version, name) VALUES (3, 'attempts');
@@ -598,3 +609,4 @@ INSERT INTO idem_migrations (version, name) VALUES (9, 'run_writes');
 INSERT INTO idem_migrations (version, name) VALUES (10, 'results');
 INSERT INTO idem_migrations (version, name) VALUES (11, 'outbox_payloads');
 INSERT INTO idem_migrations (version, name) VALUES (12, 'run_payloads');
+INSERT INTO idem_migrations (version, name) VALUES (13, 'forks');

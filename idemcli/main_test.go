@@ -375,6 +375,8 @@ func TestCLI(t *testing.T) {
 		require.Contains(t, b.ok(t, "runs", "fork", "merchant:7", "payout-1", "payout-2", "--from", "3"), `into "payout-2"`)
 		waitState(t, b, idem.Key{Scope: "merchant:7", ID: "payout-2"}, "done")
 		require.EqualValues(t, 2, runsOfB.Load(), "the fork replayed charge")
+		require.Regexp(t, `forked from +merchant:7 payout-1, its first 2 steps copied`, b.ok(t, "runs", "show", "merchant:7", "payout-2"))
+		require.NotContains(t, b.ok(t, "runs", "show", "merchant:7", "payout-1"), "forked from")
 		r = b.idem(t, "runs", "fork", "merchant:7", "payout-1", "payout-2", "--from", "3")
 		require.Equal(t, 1, r.code)
 		require.Contains(t, r.stderr, "is taken")

@@ -169,6 +169,9 @@ var runsShowCmd = &command{
 			if r.PendingSignals > 0 {
 				t.row("mailbox", strconv.Itoa(r.PendingSignals)+" pending signals")
 			}
+			if f := r.ForkedFrom; f != nil {
+				t.row("forked from", fmt.Sprintf("%s %s, its first %d steps copied", f.Key.Scope, f.Key.ID, f.Steps))
+			}
 			for _, k := range sortedKeys(r.Attributes) {
 				t.row("attribute", k+"="+r.Attributes[k])
 			}

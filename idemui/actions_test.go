@@ -135,6 +135,7 @@ func TestActions(t *testing.T) {
 		b.eventually(t, "the fork is done", func() bool { return b.state(t, fork) == "done" })
 		res = get(t, h, "/run?scope=customer:bob&id=p-1b")
 		require.Equal(t, 2, strings.Count(res.body, `title="copied from the run it was forked from`), "two steps replayed")
+		require.Contains(t, res.body, `id="forked"><a href="/run?id=p-1&amp;scope=customer%3Abob">p-1</a>, its first 2 steps copied</dd>`)
 
 		res = post(t, h, "/action", form, map[string]string{"Cookie": cookie})
 		require.Equal(t, http.StatusConflict, res.status, "the new key is taken now")

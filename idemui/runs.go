@@ -318,23 +318,13 @@ func (h *Handler) runPage(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "run", p)
 }
 
-// copiedMargin: see copiedSteps.
-const copiedMargin = 50 * time.Millisecond
-
 // copiedSteps counts the steps at the head of a run's history that a fork copied from another
-// run: they keep their own times, from before the fork made this run. Only a run's first step
-// can otherwise be older than the run (it is stamped when its transaction began, a moment
-// before the statement that wrote the run), so a first step alone counts as copied only when it
-// is older than the run by more than copiedMargin.
+// run, as the run records it: they keep their own times, from before the fork made this run.
 func copiedSteps(run *workflow.RunRow) int {
-	n := 0
-	for n < len(run.Steps) && run.Steps[n].Created.Before(run.Created) {
-		n++
-	}
-	if n == 1 && !run.Steps[0].Created.Before(run.Created.Add(-copiedMargin)) {
+	if run.ForkedFrom == nil {
 		return 0
 	}
-	return n
+	return min(run.ForkedFrom.Steps, len(run.Steps))
 }
 
 // timeline puts a run's completed steps and its failed attempts in the order of its steps.

@@ -172,7 +172,9 @@ func (e *Engine) RunResume(ctx context.Context, key idem.Key) error {
 // Workflow.Run or Workflow.Get with newKey and the same input joins it. newKey must be unused:
 // a key that exists (of a run or of idem.Do) is refused with idem.ErrMismatch. fromStep must be
 // between 1 and one more than the run's number of steps. The original run is read as it is,
-// whatever its state, and left alone.
+// whatever its state, and left alone. The new run records where it came from
+// (RunRow.ForkedFrom: the original's key and fromStep - 1, the steps copied), which idem runs
+// show and idemui display.
 //
 //	err := engine.RunFork(ctx,
 //		idem.Key{Scope: "merchant:7", ID: "payout-1"},

@@ -345,6 +345,12 @@ func TestRunFork(t *testing.T) {
 		got, err := wf.Get(b.ctx, e, key)
 		require.NoError(t, err)
 		require.Equal(t, orig, got, "the original is left alone")
+		row, err := e.RunGet(b.ctx, forked)
+		require.NoError(t, err)
+		require.Equal(t, &workflow.ForkRef{Key: key, Steps: 1}, row.ForkedFrom, "the fork records where it came from")
+		row, err = e.RunGet(b.ctx, key)
+		require.NoError(t, err)
+		require.Nil(t, row.ForkedFrom)
 
 		require.ErrorIs(t, e.RunFork(b.ctx, key, forked, 2), idem.ErrMismatch, "the new key must be unused")
 		require.ErrorContains(t, e.RunFork(b.ctx, key, idem.Key{Scope: "s", ID: "k3"}, 5), "fromStep cannot be more than 4")

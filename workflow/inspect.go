@@ -119,6 +119,22 @@ type RunRow struct {
 
 	// Children are the runs this run's steps started, in order; filled by RunGet only.
 	Children []ChildRow `json:"children,omitempty"`
+
+	// ForkedFrom is the run this one was forked from (Engine.RunFork) and how many of its steps
+	// were copied: the first ForkedFrom.Steps steps of this run are replayed copies, not run
+	// here. Nil for a run that was not forked.
+	ForkedFrom *ForkRef `json:"forked_from,omitempty"`
+}
+
+// ForkRef names the run a forked run copied, and how many of its steps it copied (fromStep - 1
+// of Engine.RunFork).
+//
+//	if f := run.ForkedFrom; f != nil {
+//		fmt.Printf("forked from %s after its step %d\n", f.Key.ID, f.Steps)
+//	}
+type ForkRef struct {
+	Key   idem.Key `json:"key"`
+	Steps int      `json:"steps"`
 }
 
 // ParentRef names a child run's parent and the step of the parent that started it.
@@ -206,6 +222,9 @@ func runRow(r *store.RunRecord) *RunRow {
 		if json.Unmarshal(r.Output, &f) == nil {
 			run.Error, run.Reason, run.Divergence = f.Error, f.Reason, f.Divergence
 		}
+	}
+	if r.ForkedScope != nil && r.ForkedID != nil && r.ForkedSteps != nil {
+		run.ForkedFrom = &ForkRef{Key: idem.Key{Scope: *r.ForkedScope, ID: *r.ForkedID}, Steps: *r.ForkedSteps}
 	}
 	if r.ParentScope != nil && r.ParentID != nil {
 		run.Parent = &ParentRef{Key: idem.Key{Scope: *r.ParentScope, ID: *r.ParentID}}

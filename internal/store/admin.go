@@ -137,7 +137,8 @@ const runColumns = `r.scope, r.id, r.workflow, r.state, r.attempts, coalesce(r.l
 	CASE WHEN r.state IN ('sleeping', 'awaiting') THEN r.wake_at END,
 	CASE WHEN r.state = 'awaiting' THEN coalesce(r.wait_name, '') ELSE '' END, r.deadline,
 	(SELECT count(*) FROM {signals} s WHERE s.scope = r.scope AND s.id = r.id AND s.consumed_at IS NULL)::int4,
-	r.parent_scope, r.parent_id, r.parent_seq, r.attributes, coalesce(r.version, ''), coalesce(r.attempt_version, r.version, '')`
+	r.parent_scope, r.parent_id, r.parent_seq, r.attributes, coalesce(r.version, ''), coalesce(r.attempt_version, r.version, ''),
+	r.forked_scope, r.forked_id, r.forked_steps`
 
 // forkedOutput is the output of the step s, inline or large.
 const forkedOutput = `coalesce(s.output, (SELECT p.data FROM {run_payloads} p
@@ -195,8 +196,12 @@ FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
 		// The fork is a new run, with a start day of its own: a large output of the run it copies
 		// is copied into its row, inline. A fork is an operator's rare act, so the payload is
-		// looked up through the partitioned table, with its day as a key.
-		forkSteps: t.render(`INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
+		// looked up through the partitioned table, with its day as a key. The new run records
+		// where it came from and how many steps it copied.
+		forkSteps: t.render(`WITH origin AS (
+	UPDATE {runs} SET forked_scope = $1, forked_id = $2, forked_steps = $5::int4 - 1 WHERE scope = $3 AND id = $4
+)
+INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
 SELECT $3, $4, seq, name, kind, ` + forkedOutput + `, error, attempts, created_at FROM {steps} s
 WHERE scope = $1 AND id = $2 AND seq < $5`),
 
@@ -238,8 +243,11 @@ type RunRecord struct {
 	ParentID            *string
 	ParentSeq           *int
 	Attributes          map[string]string
-	Version             string // the code version that started the run
-	AttemptVersion      string // the code version that took the run over or woke it last; else the start's
+	Version             string  // the code version that started the run
+	AttemptVersion      string  // the code version that took the run over or woke it last; else the start's
+	ForkedScope         *string // set for a run made by RunFork: the run it copied
+	ForkedID            *string
+	ForkedSteps         *int // how many of that run's steps it copied
 }
 
 func scanRunRecord(r pgx.Row) (*RunRecord, error) {
@@ -247,7 +255,7 @@ func scanRunRecord(r pgx.Row) (*RunRecord, error) {
 	err := r.Scan(&run.Scope, &run.ID, &run.Workflow, &run.State, &run.Attempts, &run.LeaseOwner, &run.LeaseExpires,
 		&run.LastError, &run.Input, &run.Output, &run.Created, &run.Updated, &run.Finished, &run.Expires, &run.WakeAt,
 		&run.AwaitingSignal, &run.Deadline, &run.PendingSignals, &run.ParentScope, &run.ParentID, &run.ParentSeq, &run.Attributes,
-		&run.Version, &run.AttemptVersion)
+		&run.Version, &run.AttemptVersion, &run.ForkedScope, &run.ForkedID, &run.ForkedSteps)
 	if err != nil {
 		return nil, err
 	}
@@ -383,7 +391,8 @@ func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id st
 }
 
 // RunForkSteps copies the steps before position from of one run to another, their large
-// outputs inline (the copy is a new run, with a start day of its own).
+// outputs inline (the copy is a new run, with a start day of its own), and records in the new
+// run which run it copied, and how many steps.
 func (st *Statements) RunForkSteps(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
 	_, err := q.Exec(ctx, st.admin.forkSteps, scope, id, newScope, newID, from)
 	return err
