@@ -184,6 +184,37 @@ func TestLargeRunPayloads(t *testing.T) {
 			var replayed bulky
 			require.NoError(t, workflowtest.Replay(b.ctx, newBulky(nil, func() {}, func(o bulky) { replayed = o }), runs[0]))
 			require.Equal(t, w, replayed, "the export replays byte for byte")
+
+			// A fork from the await copies the three steps before it, large outputs and event
+			// included, into its own rows or its start day's partition, and replays them.
+			forked := idem.Key{Scope: "merchant:7", ID: "bulky-fork"}
+			require.NoError(t, e2.RunFork(b.ctx, key, forked, 4))
+			var forkLarge int
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT
+	(SELECT count(*) FROM idem_steps WHERE id = 'bulky-fork' AND output_day IS NOT NULL)
+	+ (SELECT count(*) FROM idem_events WHERE id = 'bulky-fork' AND value_day IS NOT NULL)`).Scan(&forkLarge))
+			if partition {
+				require.Equal(t, 4, forkLarge, "three steps and the event")
+			} else {
+				require.Zero(t, forkLarge)
+			}
+			eventually(t, 20*time.Second, "the fork to await its signal", func() bool {
+				state, _ := b.state(t, forked)
+				return state == "awaiting"
+			})
+			require.NoError(t, b.inTx(func(ctx context.Context, t pgx.Tx) error {
+				_, err := e2.SignalTx(ctx, t, forked, "sig", w.Signal, nil)
+				return err
+			}))
+			require.Equal(t, "done", b.waitFinished(t, forked))
+			out, err = wf2.Run(b.ctx, e2, forked, 0, nil)
+			require.NoError(t, err)
+			require.Equal(t, w, out, "the fork replays the copied outputs byte for byte")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM calls WHERE step = 'four'`), "the fork replayed the Call")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE step = 'sixty-four'`), "and the Tx")
+			ev, err = workflow.GetEvent[string](b.ctx, e2, forked, "ev", 0)
+			require.NoError(t, err)
+			require.Equal(t, w.Event, ev)
 		})
 	}
 }

@@ -195,22 +195,43 @@ RETURNING (extract(epoch FROM lease_expires_at) * 1000000)::int8`),
 FROM {runs} WHERE scope = $1 AND id = $2 FOR SHARE`),
 
 		// The fork is a new run, with a start day of its own: a large output of the run it copies
-		// is copied into its row, inline. A fork is an operator's rare act, so the payload is
-		// looked up through the partitioned table, with its day as a key. The new run records
-		// where it came from and how many steps it copied.
+		// goes to the partition of that day, as the run's own checkpoints put theirs (inline when
+		// that partition does not exist). A fork is an operator's rare act, so the payload is read
+		// through the partitioned table, with its day as a key. The new run records where it
+		// came from and how many steps it copied.
 		forkSteps: t.render(`WITH origin AS (
 	UPDATE {runs} SET forked_scope = $1, forked_id = $2, forked_steps = $5::int4 - 1 WHERE scope = $3 AND id = $4
+	RETURNING ` + t.runPayloadDay("created_at") + ` AS day
+), src AS (
+	SELECT s.seq, s.name, s.kind, o.output, s.error, s.attempts, s.created_at,
+		octet_length(o.output) > ` + strconv.Itoa(PayloadInlineMax) + ` AS large
+	FROM {steps} s, LATERAL (SELECT ` + forkedOutput + ` AS output) o WHERE s.scope = $1 AND s.id = $2 AND s.seq < $5
+), big AS (
+	SELECT src.seq, src.output, origin.day FROM src, origin WHERE src.large
+), stored AS (
+	` + t.runPayloadStore(payloadStep, "big.day", "$3", "$4", "big.seq::text", "big.output", "big") + `
 )
-INSERT INTO {steps} (scope, id, seq, name, kind, output, error, attempts, created_at)
-SELECT $3, $4, seq, name, kind, ` + forkedOutput + `, error, attempts, created_at FROM {steps} s
-WHERE scope = $1 AND id = $2 AND seq < $5`),
+INSERT INTO {steps} (scope, id, seq, name, kind, output, output_day, error, attempts, created_at)
+SELECT $3, $4, src.seq, src.name, src.kind, CASE WHEN src.large AND origin.day IS NOT NULL THEN NULL ELSE src.output END,
+	CASE WHEN src.large THEN origin.day END, src.error, src.attempts, src.created_at
+FROM src LEFT JOIN origin ON true`),
 
 		// An event step's output is the value it set; the last of each name before the fork
-		// point is what the run had published there.
-		forkEvents: t.render(`INSERT INTO {events} (scope, id, name, value)
-SELECT DISTINCT ON (name) $3, $4, name, ` + forkedOutput + ` FROM {steps} s
-WHERE scope = $1 AND id = $2 AND seq < $5 AND kind = 'event' AND error IS NULL
-ORDER BY name, seq DESC`),
+		// point is what the run had published there. A large one goes to the new run's partition.
+		forkEvents: t.render(`WITH origin AS (
+	SELECT ` + t.runPayloadDay("created_at") + ` AS day FROM {runs} WHERE scope = $3 AND id = $4
+), src AS (
+	SELECT DISTINCT ON (name) name, ` + forkedOutput + ` AS value FROM {steps} s
+	WHERE scope = $1 AND id = $2 AND seq < $5 AND kind = 'event' AND error IS NULL
+	ORDER BY name, seq DESC
+), big AS (
+	SELECT src.name, src.value, origin.day FROM src, origin WHERE octet_length(src.value) > ` + strconv.Itoa(PayloadInlineMax) + `
+), stored AS (
+	` + t.runPayloadStore(payloadEvent, "big.day", "$3", "$4", "big.name", "big.value", "big") + `
+)
+INSERT INTO {events} (scope, id, name, value, value_day)
+SELECT $3, $4, src.name, CASE WHEN big.day IS NULL THEN src.value END, big.day
+FROM src LEFT JOIN big ON big.name = src.name`),
 	}
 }
 
@@ -391,8 +412,8 @@ func (st *Statements) RunForkSource(ctx context.Context, q Querier, scope, id st
 }
 
 // RunForkSteps copies the steps before position from of one run to another, their large
-// outputs inline (the copy is a new run, with a start day of its own), and records in the new
-// run which run it copied, and how many steps.
+// outputs into the partition of the new run's start day, and records in the new run which run
+// it copied, and how many steps.
 func (st *Statements) RunForkSteps(ctx context.Context, q Querier, scope, id, newScope, newID string, from int) error {
 	_, err := q.Exec(ctx, st.admin.forkSteps, scope, id, newScope, newID, from)
 	return err

@@ -154,13 +154,26 @@ func TestRunPayloads(t *testing.T) {
 	require.Equal(t, value2, ev.Value)
 	require.Equal(t, 1, b.partitionRows(t, day, "s", "r", "e"), "overwritten in place")
 
-	// A fork copies the large outputs into its own rows, inline, and the events its steps set.
+	// A fork copies the large outputs into its own start day's partition, as its own checkpoints
+	// would, and the events its steps set (the large one too); it records where it came from.
 	_, err = b.pool.Exec(b.ctx, `UPDATE idem_steps SET kind = 'event', name = 'forked' WHERE scope = 's' AND id = 'r' AND seq = 3`)
 	require.NoError(t, err)
 	b.insertRun(t, run{scope: "s", id: "fork"})
+	forkDay := b.runDay(t, "s", "fork")
 	require.NoError(t, b.st.RunForkSteps(b.ctx, b.pool, "s", "r", "s", "fork", 6))
 	require.NoError(t, b.st.RunForkEvents(b.ctx, b.pool, "s", "r", "s", "fork", 6))
-	require.Zero(t, b.countWhere(t, "idem_steps", "output_day IS NOT NULL", "s", "fork"))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE output IS NOT NULL AND output_day IS NULL),
+	count(*) FILTER (WHERE output IS NULL AND output_day = $3) FROM idem_steps WHERE scope = $1 AND id = $2`, "s", "fork", forkDay).Scan(&inline, &large))
+	require.Equal(t, 2, inline)
+	require.Equal(t, 3, large)
+	require.Equal(t, 3, b.partitionRows(t, forkDay, "s", "fork", "s"))
+	require.Equal(t, 1, b.partitionRows(t, forkDay, "s", "fork", "e"), "the large event value too")
+	require.Equal(t, 1, b.countWhere(t, "idem_events", "value IS NULL AND value_day IS NOT NULL", "s", "fork"))
+	rec, ok, err := b.st.RunGet(b.ctx, b.pool, "s", "fork")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "r", *rec.ForkedID)
+	require.Equal(t, 5, *rec.ForkedSteps)
 	forked, err := b.st.RunSteps(b.ctx, b.pool, "s", "fork")
 	require.NoError(t, err)
 	require.Len(t, forked, 5)
