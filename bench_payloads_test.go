@@ -262,6 +262,212 @@ INSERT INTO ` + keys + ` (scope, id, result, created_at, expires_at) SELECT scop
 	}
 }
 
+// BenchmarkOutboxWeek is BenchmarkPayloadWeek for the outbox: seven days of
+// IDEM_BENCH_WEEK_KEYS messages a day (20,000 by default), three in ten with a 4 KiB body and the
+// rest 200 B, each published a second after its Append, written with the times of the seven days
+// before now (bodies over 1 KiB in the partition of their Append's day, or inline when everything
+// is inline, as before the payload tables). Then one Reap at the default retention of a day,
+// which deletes the messages published before it. It logs what BenchmarkPayloadWeek logs, for
+// idem_outbox and the partitions of idem_outbox_payloads.
+//
+//	go test -run '^$' -bench '^BenchmarkOutboxWeek$' -benchtime 1x .
+func BenchmarkOutboxWeek(b *testing.B) {
+	ctx := context.Background()
+	perDay, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_WEEK_KEYS"))
+	if perDay <= 0 {
+		perDay = 20_000
+	}
+	pool := transferPool(b, 4)
+	var today time.Time
+	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
+
+	for round, partitioned := range []bool{false, true, true, false, false, true} {
+		schema := fmt.Sprintf("oweek_%d", round)
+		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
+		outbox, payloads := pgx.Identifier{schema, "idem_outbox"}.Sanitize(), pgx.Identifier{schema, "idem_outbox_payloads"}.Sanitize()
+		if partitioned {
+			require.NoError(b, store.For(schema).MakePartitions(ctx, pool, "idem_outbox_payloads", today.AddDate(0, 0, -7), today.AddDate(0, 0, -1)))
+		}
+		walBefore := walLSN(b, pool)
+		writeStart := time.Now()
+		for d := 7; d >= 1; d-- {
+			// Day d before now: messages appended over that day, with UUIDv7 ids of their time.
+			sql := `WITH m AS (
+	SELECT i % 10 < 3 AS large, 'k' || (i % 1000) AS key,
+		now() - $1::int * interval '1 day' + (i::float8 / $2) * interval '1 day' AS created_at
+	FROM generate_series(0, $2 - 1) i
+), v AS (
+	SELECT (lpad(to_hex((extract(epoch FROM created_at) * 1000)::int8), 12, '0') || '7' ||
+			substr(md5(random()::text), 1, 19))::uuid AS id, key, created_at, large,
+		convert_to(CASE WHEN large THEN (SELECT string_agg(md5(random()::text || m.key || g), '') FROM generate_series(1, 128) g)
+			ELSE repeat(md5(key), 6) END, 'UTF8') AS payload
+	FROM m
+)`
+			if partitioned {
+				sql += `, p AS (
+	INSERT INTO ` + payloads + ` (day, id, data)
+	SELECT (created_at AT TIME ZONE 'UTC')::date, id, payload FROM v WHERE large
+)
+INSERT INTO ` + outbox + ` (id, topic, key, hash, payload, payload_day, created_at, published_at)
+SELECT id, 'orders', key, 0, CASE WHEN large THEN NULL ELSE payload END,
+	CASE WHEN large THEN (created_at AT TIME ZONE 'UTC')::date END, created_at, created_at + interval '1 second' FROM v`
+			} else {
+				sql += `
+INSERT INTO ` + outbox + ` (id, topic, key, hash, payload, created_at, published_at)
+SELECT id, 'orders', key, 0, payload, created_at, created_at + interval '1 second' FROM v`
+			}
+			_, err := pool.Exec(ctx, sql, d, perDay)
+			require.NoError(b, err)
+		}
+		writeTook, writeWAL := time.Since(writeStart), walLSN(b, pool)-walBefore
+		_, err := pool.Exec(ctx, `CHECKPOINT`)
+		require.NoError(b, err)
+		size := func() int64 { return tablesSize(b, pool, schema, `idem\_outbox\_payloads\_p%`, "idem_outbox") }
+		before := size()
+
+		var due int64
+		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox+` WHERE published_at < now() - interval '1 day'`).Scan(&due))
+		walBefore = walLSN(b, pool)
+		start := time.Now()
+		rep, err := idem.ReapWithReport(ctx, pool, idem.Schema(schema), idem.ReapBusy(1))
+		took := time.Since(start)
+		require.NoError(b, err)
+		require.GreaterOrEqual(b, rep.Outbox, due)
+		if partitioned {
+			require.Len(b, rep.PartitionsDropped, 6, "the partitions of the six days whose messages all went")
+		}
+		reapWAL := walLSN(b, pool) - walBefore
+		after := size()
+		walBefore = walLSN(b, pool)
+		vacuumStart := time.Now()
+		_, err = pool.Exec(ctx, `VACUUM `+outbox)
+		require.NoError(b, err)
+		vacuumTook, vacuumWAL := time.Since(vacuumStart), walLSN(b, pool)-walBefore
+		vacuumed := size()
+
+		layout := "inline"
+		if partitioned {
+			layout = "partitioned"
+		}
+		b.Logf("%-11s write %d messages: %.1f s, WAL %.1f MB | reap %d messages: %.2f s, %.0f messages/s, WAL %.1f MB, %d partitions dropped | VACUUM %.2f s, WAL %.1f MB | size %.1f MB -> %.1f MB, after VACUUM %.1f MB",
+			layout, 7*perDay, writeTook.Seconds(), float64(writeWAL)/1e6, rep.Outbox, took.Seconds(), float64(rep.Outbox)/took.Seconds(),
+			float64(reapWAL)/1e6, len(rep.PartitionsDropped), vacuumTook.Seconds(), float64(vacuumWAL)/1e6, float64(before)/1e6,
+			float64(after)/1e6, float64(vacuumed)/1e6)
+		_, err = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		require.NoError(b, err)
+	}
+}
+
+// BenchmarkRunWeek is BenchmarkPayloadWeek for workflow runs: seven days of a quarter of
+// IDEM_BENCH_WEEK_KEYS finished runs a day (5,000 by default), each with its key and three steps,
+// the second step's output 4 KiB in three runs in ten and every other output 200 B, kept for the
+// engine's default TTL (a day) after they finish (a minute after their start; the TTL is the
+// engine's, the same for every run). They are written with the times of
+// the seven days before now (large outputs in the partition of their run's start day, or inline
+// when everything is inline, as before the payload tables). Then one Reap, which deletes the runs
+// expired by then with their steps and keys, and drops each day's partition once no run started
+// on it is left: a run kept for longer pins its start day. It logs what BenchmarkPayloadWeek logs,
+// for idem_runs, idem_steps, idem_keys and the partitions of idem_run_payloads.
+//
+//	go test -run '^$' -bench '^BenchmarkRunWeek$' -benchtime 1x .
+func BenchmarkRunWeek(b *testing.B) {
+	ctx := context.Background()
+	perDay, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_WEEK_KEYS"))
+	if perDay <= 0 {
+		perDay = 20_000
+	}
+	perDay = max(perDay/4, 1)
+	pool := transferPool(b, 4)
+	var today time.Time
+	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
+
+	for round, partitioned := range []bool{false, true, true, false, false, true} {
+		schema := fmt.Sprintf("rweek_%d", round)
+		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
+		table := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+		if partitioned {
+			require.NoError(b, store.For(schema).MakePartitions(ctx, pool, "idem_run_payloads", today.AddDate(0, 0, -7), today.AddDate(0, 0, -1)))
+		}
+		walBefore := walLSN(b, pool)
+		writeStart := time.Now()
+		for d := 7; d >= 1; d-- {
+			sql := `WITH r AS (
+	SELECT 'week' AS scope, gen_random_uuid()::text AS id, i % 10 < 3 AS large,
+		now() - $1::int * interval '1 day' + (i::float8 / $2) * interval '1 day' AS created_at,
+		$3::int8 * interval '1 microsecond' AS ttl
+	FROM generate_series(0, $2 - 1) i
+), k AS (
+	INSERT INTO ` + table("idem_keys") + ` (scope, id, workflow, created_at, expires_at)
+	SELECT scope, id, 'week', created_at, 'infinity' FROM r
+), runs AS (
+	INSERT INTO ` + table("idem_runs") + ` (scope, id, workflow, state, input, output, created_at, updated_at, finished_at, expires_at)
+	SELECT scope, id, 'week', 'done', convert_to('{"order":"' || id || '"}', 'UTF8'), convert_to('"ok"', 'UTF8'), created_at,
+		created_at + interval '1 minute', created_at + interval '1 minute', created_at + interval '1 minute' + ttl FROM r
+), s AS (
+	SELECT r.scope, r.id, r.created_at, g AS seq, r.large AND g = 2 AS big,
+		convert_to(CASE WHEN r.large AND g = 2 THEN (SELECT string_agg(md5(random()::text || r.id || x), '') FROM generate_series(1, 128) x)
+			ELSE repeat(md5(r.id || g), 6) END, 'UTF8') AS output
+	FROM r, generate_series(1, 3) g
+)`
+			if partitioned {
+				sql += `, p AS (
+	INSERT INTO ` + table("idem_run_payloads") + ` (day, scope, id, kind, ref, data)
+	SELECT (created_at AT TIME ZONE 'UTC')::date, scope, id, 's', seq::text, output FROM s WHERE big
+)
+INSERT INTO ` + table("idem_steps") + ` (scope, id, seq, name, kind, output, output_day, created_at)
+SELECT scope, id, seq, 'step' || seq, 'tx', CASE WHEN big THEN NULL ELSE output END,
+	CASE WHEN big THEN (created_at AT TIME ZONE 'UTC')::date END, created_at + seq * interval '1 second' FROM s`
+			} else {
+				sql += `
+INSERT INTO ` + table("idem_steps") + ` (scope, id, seq, name, kind, output, created_at)
+SELECT scope, id, seq, 'step' || seq, 'tx', output, created_at + seq * interval '1 second' FROM s`
+			}
+			_, err := pool.Exec(ctx, sql, d, perDay, idem.DefaultTTL.Microseconds())
+			require.NoError(b, err)
+		}
+		writeTook, writeWAL := time.Since(writeStart), walLSN(b, pool)-walBefore
+		_, err := pool.Exec(ctx, `CHECKPOINT`)
+		require.NoError(b, err)
+		size := func() int64 {
+			return tablesSize(b, pool, schema, `idem\_run\_payloads\_p%`, "idem_runs", "idem_steps", "idem_keys")
+		}
+		before := size()
+
+		var due int64
+		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM `+table("idem_runs")+` WHERE expires_at <= now()`).Scan(&due))
+		walBefore = walLSN(b, pool)
+		start := time.Now()
+		rep, err := idem.ReapWithReport(ctx, pool, idem.Schema(schema), idem.ReapBusy(1))
+		took := time.Since(start)
+		require.NoError(b, err)
+		require.GreaterOrEqual(b, rep.Runs, due)
+		if partitioned {
+			require.Len(b, rep.PartitionsDropped, 6, "the partitions of the six days whose runs all went")
+		}
+		reapWAL := walLSN(b, pool) - walBefore
+		after := size()
+		walBefore = walLSN(b, pool)
+		vacuumStart := time.Now()
+		for _, name := range []string{"idem_runs", "idem_steps", "idem_keys"} {
+			_, err = pool.Exec(ctx, `VACUUM `+table(name))
+			require.NoError(b, err)
+		}
+		vacuumTook, vacuumWAL := time.Since(vacuumStart), walLSN(b, pool)-walBefore
+		vacuumed := size()
+
+		layout := "inline"
+		if partitioned {
+			layout = "partitioned"
+		}
+		b.Logf("%-11s write %d runs: %.1f s, WAL %.1f MB | reap %d runs: %.2f s, %.0f runs/s, WAL %.1f MB, %d partitions dropped | VACUUM %.2f s, WAL %.1f MB | size %.1f MB -> %.1f MB, after VACUUM %.1f MB",
+			layout, 7*perDay, writeTook.Seconds(), float64(writeWAL)/1e6, rep.Runs, took.Seconds(), float64(rep.Runs)/took.Seconds(),
+			float64(reapWAL)/1e6, len(rep.PartitionsDropped), vacuumTook.Seconds(), float64(vacuumWAL)/1e6, float64(before)/1e6,
+			float64(after)/1e6, float64(vacuumed)/1e6)
+		_, err = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		require.NoError(b, err)
+	}
+}
+
 // randomHex is n bytes of hexadecimal digits that do not repeat: a payload Postgres cannot
 // compress much, as a response full of identifiers and signatures is.
 func randomHex(n int) string {
@@ -283,9 +489,15 @@ func walLSN(b *testing.B, pool *pgxpool.Pool) int64 {
 // payloadSize is the disk taken by idem_keys and every table named like a partition of
 // idem_results in schema, with their TOAST and indexes.
 func payloadSize(b *testing.B, pool *pgxpool.Pool, schema string) int64 {
+	return tablesSize(b, pool, schema, `idem\_results\_p%`, "idem_keys")
+}
+
+// tablesSize is the disk taken by the tables named tables and every table whose name is LIKE
+// parts in schema, with their TOAST and indexes.
+func tablesSize(b *testing.B, pool *pgxpool.Pool, schema, parts string, tables ...string) int64 {
 	var n int64
 	require.NoError(b, pool.QueryRow(context.Background(), `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::int8
 FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
-WHERE s.nspname = $1 AND c.relkind = 'r' AND (c.relname = 'idem_keys' OR c.relname LIKE 'idem\_results\_p%')`, schema).Scan(&n))
+WHERE s.nspname = $1 AND c.relkind = 'r' AND (c.relname = ANY($2) OR c.relname LIKE $3)`, schema, tables, parts).Scan(&n))
 	return n
 }
