@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,27 +178,12 @@ func BenchmarkLargeResults(b *testing.B) {
 //
 //	go test -run '^$' -bench '^BenchmarkPayloadWeek$' -benchtime 1x .
 func BenchmarkPayloadWeek(b *testing.B) {
-	ctx := context.Background()
-	perDay, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_WEEK_KEYS"))
-	if perDay <= 0 {
-		perDay = 20_000
-	}
-	pool := transferPool(b, 4)
-	var today time.Time
-	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
-
-	for round, partitioned := range []bool{false, true, true, false, false, true} {
-		schema := fmt.Sprintf("week_%d", round)
-		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
-		keys, results := pgx.Identifier{schema, "idem_keys"}.Sanitize(), pgx.Identifier{schema, "idem_results"}.Sanitize()
-		if partitioned {
-			// The days of the week behind: the reaper made them as the week went.
-			require.NoError(b, store.For(schema).MakePartitions(ctx, pool, "idem_results", today.AddDate(0, 0, -8), today.AddDate(0, 0, -2)))
-		}
-		walBefore := walLSN(b, pool)
-		writeStart := time.Now()
-		for d := 7; d >= 1; d-- {
-			// Day d before now: keys created over that day, expiring one to seven days later.
+	benchWeek(b, week{
+		what: "keys", perDay: 1, family: "idem_results", partsFrom: -8, partsTo: -2,
+		tables: []string{"idem_keys"}, vacuum: []string{"idem_keys", "idem_results"},
+		due:    `SELECT count(*) FROM {idem_keys} WHERE expires_at <= now()`,
+		reaped: func(rep idem.ReapReport) int64 { return rep.Keys },
+		write: func(table func(string) string, partitioned bool) string {
 			sql := `WITH k AS (
 	SELECT 'week' AS scope, gen_random_uuid()::text AS id, i % 10 < 3 AS large,
 		now() - $1::int * interval '1 day' + (i::float8 / $2) * interval '1 day' AS created_at,
@@ -210,88 +196,37 @@ func BenchmarkPayloadWeek(b *testing.B) {
 	FROM k
 )`
 			if partitioned {
-				sql += `, r AS (
-	INSERT INTO ` + results + ` (day, scope, id, created_at, data)
+				return sql + `, r AS (
+	INSERT INTO ` + table("idem_results") + ` (day, scope, id, created_at, data)
 	SELECT (expires_at AT TIME ZONE 'UTC')::date, scope, id, created_at, result FROM v WHERE large
 )
-INSERT INTO ` + keys + ` (scope, id, result, result_day, created_at, expires_at)
+INSERT INTO ` + table("idem_keys") + ` (scope, id, result, result_day, created_at, expires_at)
 SELECT scope, id, CASE WHEN large THEN NULL ELSE result END, CASE WHEN large THEN (expires_at AT TIME ZONE 'UTC')::date END,
 	created_at, expires_at FROM v`
-			} else {
-				sql += `
-INSERT INTO ` + keys + ` (scope, id, result, created_at, expires_at) SELECT scope, id, result, created_at, expires_at FROM v`
 			}
-			_, err := pool.Exec(ctx, sql, d, perDay)
-			require.NoError(b, err)
-		}
-		writeTook, writeWAL := time.Since(writeStart), walLSN(b, pool)-walBefore
-		_, err := pool.Exec(ctx, `CHECKPOINT`) // every layout starts its reaping after a checkpoint
-		require.NoError(b, err)
-		before := payloadSize(b, pool, schema)
-
-		var expired int64
-		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM `+keys+` WHERE expires_at <= now()`).Scan(&expired))
-		walBefore = walLSN(b, pool)
-		start := time.Now()
-		n, err := idem.Reap(ctx, pool, idem.Schema(schema), idem.ReapBusy(1))
-		took := time.Since(start)
-		require.NoError(b, err)
-		require.GreaterOrEqual(b, n, expired) // and those that expired meanwhile
-		reapWAL := walLSN(b, pool) - walBefore
-		after := payloadSize(b, pool, schema)
-		walBefore = walLSN(b, pool)
-		vacuumStart := time.Now()
-		for _, table := range []string{keys, results} {
-			_, err = pool.Exec(ctx, `VACUUM `+table)
-			require.NoError(b, err)
-		}
-		vacuumTook, vacuumWAL := time.Since(vacuumStart), walLSN(b, pool)-walBefore
-		vacuumed := payloadSize(b, pool, schema)
-		var parts int
-		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, results).Scan(&parts))
-
-		layout := "inline"
-		if partitioned {
-			layout = "partitioned"
-		}
-		b.Logf("%-11s write %d keys: %.1f s, WAL %.1f MB | reap %d keys: %.2f s, %.0f keys/s, WAL %.1f MB | VACUUM %.2f s, WAL %.1f MB | size %.1f MB -> %.1f MB, after VACUUM %.1f MB | partitions left %d",
-			layout, 7*perDay, writeTook.Seconds(), float64(writeWAL)/1e6, n, took.Seconds(), float64(n)/took.Seconds(),
-			float64(reapWAL)/1e6, vacuumTook.Seconds(), float64(vacuumWAL)/1e6, float64(before)/1e6, float64(after)/1e6, float64(vacuumed)/1e6, parts)
-		_, err = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		require.NoError(b, err)
-	}
+			return sql + `
+INSERT INTO ` + table("idem_keys") + ` (scope, id, result, created_at, expires_at) SELECT scope, id, result, created_at, expires_at FROM v`
+		},
+	})
 }
 
 // BenchmarkOutboxWeek is BenchmarkPayloadWeek for the outbox: seven days of
-// IDEM_BENCH_WEEK_KEYS messages a day (20,000 by default), three in ten with a 4 KiB body and the
-// rest 200 B, each published a second after its Append, written with the times of the seven days
-// before now (bodies over 1 KiB in the partition of their Append's day, or inline when everything
-// is inline, as before the payload tables). Then one Reap at the default retention of a day,
-// which deletes the messages published before it. It logs what BenchmarkPayloadWeek logs, for
-// idem_outbox and the partitions of idem_outbox_payloads.
+// IDEM_BENCH_WEEK_KEYS messages a day, three in ten with a 4 KiB body and the rest 200 B, each
+// published a second after its Append, written with the times of the seven days before now
+// (bodies over 1 KiB in the partition of their Append's day, or inline when everything is inline,
+// as before the payload tables). Then one Reap at the default retention of a day, which deletes
+// the messages published before it and drops the six days' partitions that nothing points into.
+// It logs what BenchmarkPayloadWeek logs, for idem_outbox and idem_outbox_payloads.
 //
 //	go test -run '^$' -bench '^BenchmarkOutboxWeek$' -benchtime 1x .
 func BenchmarkOutboxWeek(b *testing.B) {
-	ctx := context.Background()
-	perDay, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_WEEK_KEYS"))
-	if perDay <= 0 {
-		perDay = 20_000
-	}
-	pool := transferPool(b, 4)
-	var today time.Time
-	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
-
-	for round, partitioned := range []bool{false, true, true, false, false, true} {
-		schema := fmt.Sprintf("oweek_%d", round)
-		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
-		outbox, payloads := pgx.Identifier{schema, "idem_outbox"}.Sanitize(), pgx.Identifier{schema, "idem_outbox_payloads"}.Sanitize()
-		if partitioned {
-			require.NoError(b, store.For(schema).MakePartitions(ctx, pool, "idem_outbox_payloads", today.AddDate(0, 0, -7), today.AddDate(0, 0, -1)))
-		}
-		walBefore := walLSN(b, pool)
-		writeStart := time.Now()
-		for d := 7; d >= 1; d-- {
-			// Day d before now: messages appended over that day, with UUIDv7 ids of their time.
+	benchWeek(b, week{
+		what: "messages", perDay: 1, family: "idem_outbox_payloads", partsFrom: -7, partsTo: -1, dropped: 6,
+		tables: []string{"idem_outbox"}, vacuum: []string{"idem_outbox"},
+		due:    `SELECT count(*) FROM {idem_outbox} WHERE published_at < now() - interval '1 day'`,
+		reaped: func(rep idem.ReapReport) int64 { return rep.Outbox },
+		write: func(table func(string) string, partitioned bool) string {
+			// Messages appended over day $1 before now, with UUIDv7 ids of their time.
 			sql := `WITH m AS (
 	SELECT i % 10 < 3 AS large, 'k' || (i % 1000) AS key,
 		now() - $1::int * interval '1 day' + (i::float8 / $2) * interval '1 day' AS created_at
@@ -304,97 +239,42 @@ func BenchmarkOutboxWeek(b *testing.B) {
 	FROM m
 )`
 			if partitioned {
-				sql += `, p AS (
-	INSERT INTO ` + payloads + ` (day, id, data)
+				return sql + `, p AS (
+	INSERT INTO ` + table("idem_outbox_payloads") + ` (day, id, data)
 	SELECT (created_at AT TIME ZONE 'UTC')::date, id, payload FROM v WHERE large
 )
-INSERT INTO ` + outbox + ` (id, topic, key, hash, payload, payload_day, created_at, published_at)
+INSERT INTO ` + table("idem_outbox") + ` (id, topic, key, hash, payload, payload_day, created_at, published_at)
 SELECT id, 'orders', key, 0, CASE WHEN large THEN NULL ELSE payload END,
 	CASE WHEN large THEN (created_at AT TIME ZONE 'UTC')::date END, created_at, created_at + interval '1 second' FROM v`
-			} else {
-				sql += `
-INSERT INTO ` + outbox + ` (id, topic, key, hash, payload, created_at, published_at)
-SELECT id, 'orders', key, 0, payload, created_at, created_at + interval '1 second' FROM v`
 			}
-			_, err := pool.Exec(ctx, sql, d, perDay)
-			require.NoError(b, err)
-		}
-		writeTook, writeWAL := time.Since(writeStart), walLSN(b, pool)-walBefore
-		_, err := pool.Exec(ctx, `CHECKPOINT`)
-		require.NoError(b, err)
-		size := func() int64 { return tablesSize(b, pool, schema, `idem\_outbox\_payloads\_p%`, "idem_outbox") }
-		before := size()
-
-		var due int64
-		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox+` WHERE published_at < now() - interval '1 day'`).Scan(&due))
-		walBefore = walLSN(b, pool)
-		start := time.Now()
-		rep, err := idem.ReapWithReport(ctx, pool, idem.Schema(schema), idem.ReapBusy(1))
-		took := time.Since(start)
-		require.NoError(b, err)
-		require.GreaterOrEqual(b, rep.Outbox, due)
-		if partitioned {
-			require.Len(b, rep.PartitionsDropped, 6, "the partitions of the six days whose messages all went")
-		}
-		reapWAL := walLSN(b, pool) - walBefore
-		after := size()
-		walBefore = walLSN(b, pool)
-		vacuumStart := time.Now()
-		_, err = pool.Exec(ctx, `VACUUM `+outbox)
-		require.NoError(b, err)
-		vacuumTook, vacuumWAL := time.Since(vacuumStart), walLSN(b, pool)-walBefore
-		vacuumed := size()
-
-		layout := "inline"
-		if partitioned {
-			layout = "partitioned"
-		}
-		b.Logf("%-11s write %d messages: %.1f s, WAL %.1f MB | reap %d messages: %.2f s, %.0f messages/s, WAL %.1f MB, %d partitions dropped | VACUUM %.2f s, WAL %.1f MB | size %.1f MB -> %.1f MB, after VACUUM %.1f MB",
-			layout, 7*perDay, writeTook.Seconds(), float64(writeWAL)/1e6, rep.Outbox, took.Seconds(), float64(rep.Outbox)/took.Seconds(),
-			float64(reapWAL)/1e6, len(rep.PartitionsDropped), vacuumTook.Seconds(), float64(vacuumWAL)/1e6, float64(before)/1e6,
-			float64(after)/1e6, float64(vacuumed)/1e6)
-		_, err = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		require.NoError(b, err)
-	}
+			return sql + `
+INSERT INTO ` + table("idem_outbox") + ` (id, topic, key, hash, payload, created_at, published_at)
+SELECT id, 'orders', key, 0, payload, created_at, created_at + interval '1 second' FROM v`
+		},
+	})
 }
 
 // BenchmarkRunWeek is BenchmarkPayloadWeek for workflow runs: seven days of a quarter of
 // IDEM_BENCH_WEEK_KEYS finished runs a day (5,000 by default), each with its key and three steps,
 // the second step's output 4 KiB in three runs in ten and every other output 200 B, kept for the
-// engine's default TTL (a day) after they finish (a minute after their start; the TTL is the
-// engine's, the same for every run). They are written with the times of
-// the seven days before now (large outputs in the partition of their run's start day, or inline
-// when everything is inline, as before the payload tables). Then one Reap, which deletes the runs
-// expired by then with their steps and keys, and drops each day's partition once no run started
-// on it is left: a run kept for longer pins its start day. It logs what BenchmarkPayloadWeek logs,
-// for idem_runs, idem_steps, idem_keys and the partitions of idem_run_payloads.
+// engine's default TTL (a day; the TTL is the engine's, the same for every run) after they finish,
+// a minute after their start. They are written with the times of the seven days before now
+// (large outputs in the partition of their run's start day, or inline when everything is inline,
+// as before the payload tables). Then one Reap, which deletes the runs expired by then with their
+// steps and keys, and drops the six days' partitions where no run started is left. It logs what
+// BenchmarkPayloadWeek logs, for idem_runs, idem_steps, idem_keys and idem_run_payloads.
 //
 //	go test -run '^$' -bench '^BenchmarkRunWeek$' -benchtime 1x .
 func BenchmarkRunWeek(b *testing.B) {
-	ctx := context.Background()
-	perDay, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_WEEK_KEYS"))
-	if perDay <= 0 {
-		perDay = 20_000
-	}
-	perDay = max(perDay/4, 1)
-	pool := transferPool(b, 4)
-	var today time.Time
-	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
-
-	for round, partitioned := range []bool{false, true, true, false, false, true} {
-		schema := fmt.Sprintf("rweek_%d", round)
-		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
-		table := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
-		if partitioned {
-			require.NoError(b, store.For(schema).MakePartitions(ctx, pool, "idem_run_payloads", today.AddDate(0, 0, -7), today.AddDate(0, 0, -1)))
-		}
-		walBefore := walLSN(b, pool)
-		writeStart := time.Now()
-		for d := 7; d >= 1; d-- {
+	benchWeek(b, week{
+		what: "runs", perDay: 0.25, family: "idem_run_payloads", partsFrom: -7, partsTo: -1, dropped: 6,
+		tables: []string{"idem_runs", "idem_steps", "idem_keys"}, vacuum: []string{"idem_runs", "idem_steps", "idem_keys"},
+		due:    `SELECT count(*) FROM {idem_runs} WHERE expires_at <= now()`,
+		reaped: func(rep idem.ReapReport) int64 { return rep.Runs },
+		write: func(table func(string) string, partitioned bool) string {
 			sql := `WITH r AS (
 	SELECT 'week' AS scope, gen_random_uuid()::text AS id, i % 10 < 3 AS large,
-		now() - $1::int * interval '1 day' + (i::float8 / $2) * interval '1 day' AS created_at,
-		$3::int8 * interval '1 microsecond' AS ttl
+		now() - $1::int * interval '1 day' + (i::float8 / $2) * interval '1 day' AS created_at
 	FROM generate_series(0, $2 - 1) i
 ), k AS (
 	INSERT INTO ` + table("idem_keys") + ` (scope, id, workflow, created_at, expires_at)
@@ -402,7 +282,8 @@ func BenchmarkRunWeek(b *testing.B) {
 ), runs AS (
 	INSERT INTO ` + table("idem_runs") + ` (scope, id, workflow, state, input, output, created_at, updated_at, finished_at, expires_at)
 	SELECT scope, id, 'week', 'done', convert_to('{"order":"' || id || '"}', 'UTF8'), convert_to('"ok"', 'UTF8'), created_at,
-		created_at + interval '1 minute', created_at + interval '1 minute', created_at + interval '1 minute' + ttl FROM r
+		created_at + interval '1 minute', created_at + interval '1 minute',
+		created_at + interval '1 minute' + ` + strconv.FormatInt(idem.DefaultTTL.Microseconds(), 10) + ` * interval '1 microsecond' FROM r
 ), s AS (
 	SELECT r.scope, r.id, r.created_at, g AS seq, r.large AND g = 2 AS big,
 		convert_to(CASE WHEN r.large AND g = 2 THEN (SELECT string_agg(md5(random()::text || r.id || x), '') FROM generate_series(1, 128) x)
@@ -410,59 +291,110 @@ func BenchmarkRunWeek(b *testing.B) {
 	FROM r, generate_series(1, 3) g
 )`
 			if partitioned {
-				sql += `, p AS (
+				return sql + `, p AS (
 	INSERT INTO ` + table("idem_run_payloads") + ` (day, scope, id, kind, ref, data)
 	SELECT (created_at AT TIME ZONE 'UTC')::date, scope, id, 's', seq::text, output FROM s WHERE big
 )
 INSERT INTO ` + table("idem_steps") + ` (scope, id, seq, name, kind, output, output_day, created_at)
 SELECT scope, id, seq, 'step' || seq, 'tx', CASE WHEN big THEN NULL ELSE output END,
 	CASE WHEN big THEN (created_at AT TIME ZONE 'UTC')::date END, created_at + seq * interval '1 second' FROM s`
-			} else {
-				sql += `
+			}
+			return sql + `
 INSERT INTO ` + table("idem_steps") + ` (scope, id, seq, name, kind, output, created_at)
 SELECT scope, id, seq, 'step' || seq, 'tx', output, created_at + seq * interval '1 second' FROM s`
-			}
-			_, err := pool.Exec(ctx, sql, d, perDay, idem.DefaultTTL.Microseconds())
+		},
+	})
+}
+
+// week is one payload family's simulated week, for benchWeek.
+type week struct {
+	what      string  // what a row reaped is, for the log
+	perDay    float64 // rows a day, as a share of IDEM_BENCH_WEEK_KEYS
+	family    string  // the payload table
+	partsFrom int     // its partitions made for the week, in days from today
+	partsTo   int
+	dropped   int      // partitions the Reap must drop (0: not checked)
+	tables    []string // the owner tables, sized with the family's partitions
+	vacuum    []string // the tables vacuumed after the Reap
+	due       string   // counts the rows due ({table} names one of the round's tables)
+	reaped    func(idem.ReapReport) int64
+	// write returns the statement that writes day $1 before now's $2 rows, in tables named by
+	// table, in the family's partitions or inline.
+	write func(table func(string) string, partitioned bool) string
+}
+
+// benchWeek runs w's week three times in each layout, interleaved, each in a schema of its own:
+// write the seven days, CHECKPOINT, then one Reap at ReapBusy 1 (so that it never rests), then
+// VACUUM, logging time, rows per second, WAL and disk of each.
+func benchWeek(b *testing.B, w week) {
+	ctx := context.Background()
+	perDay, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_WEEK_KEYS"))
+	if perDay <= 0 {
+		perDay = 20_000
+	}
+	perDay = max(int(float64(perDay)*w.perDay), 1)
+	pool := transferPool(b, 4)
+	var today time.Time
+	require.NoError(b, pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today))
+
+	for round, partitioned := range []bool{false, true, true, false, false, true} {
+		schema := fmt.Sprintf("week_%s_%d", w.what, round)
+		require.NoError(b, idem.Migrate(ctx, pool, idem.Schema(schema)))
+		table := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+		if partitioned {
+			// The days of the week behind: the reaper made them as the week went.
+			require.NoError(b, store.For(schema).MakePartitions(ctx, pool, w.family, today.AddDate(0, 0, w.partsFrom), today.AddDate(0, 0, w.partsTo)))
+		}
+		size := func() int64 {
+			return tablesSize(b, pool, schema, strings.ReplaceAll(w.family, "_", `\_`)+`\_p%`, w.tables...)
+		}
+		walBefore := walLSN(b, pool)
+		writeStart := time.Now()
+		sql := w.write(table, partitioned)
+		for d := 7; d >= 1; d-- {
+			_, err := pool.Exec(ctx, sql, d, perDay)
 			require.NoError(b, err)
 		}
 		writeTook, writeWAL := time.Since(writeStart), walLSN(b, pool)-walBefore
-		_, err := pool.Exec(ctx, `CHECKPOINT`)
+		_, err := pool.Exec(ctx, `CHECKPOINT`) // every layout starts its reaping after a checkpoint
 		require.NoError(b, err)
-		size := func() int64 {
-			return tablesSize(b, pool, schema, `idem\_run\_payloads\_p%`, "idem_runs", "idem_steps", "idem_keys")
-		}
 		before := size()
 
 		var due int64
-		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM `+table("idem_runs")+` WHERE expires_at <= now()`).Scan(&due))
+		require.NoError(b, pool.QueryRow(ctx, regexp.MustCompile(`\{(\w+)\}`).ReplaceAllStringFunc(w.due, func(m string) string {
+			return table(m[1 : len(m)-1])
+		})).Scan(&due))
 		walBefore = walLSN(b, pool)
 		start := time.Now()
 		rep, err := idem.ReapWithReport(ctx, pool, idem.Schema(schema), idem.ReapBusy(1))
 		took := time.Since(start)
 		require.NoError(b, err)
-		require.GreaterOrEqual(b, rep.Runs, due)
-		if partitioned {
-			require.Len(b, rep.PartitionsDropped, 6, "the partitions of the six days whose runs all went")
+		n := w.reaped(rep)
+		require.GreaterOrEqual(b, n, due) // and those that came due meanwhile
+		if partitioned && w.dropped > 0 {
+			require.Len(b, rep.PartitionsDropped, w.dropped)
 		}
 		reapWAL := walLSN(b, pool) - walBefore
 		after := size()
 		walBefore = walLSN(b, pool)
 		vacuumStart := time.Now()
-		for _, name := range []string{"idem_runs", "idem_steps", "idem_keys"} {
+		for _, name := range w.vacuum {
 			_, err = pool.Exec(ctx, `VACUUM `+table(name))
 			require.NoError(b, err)
 		}
 		vacuumTook, vacuumWAL := time.Since(vacuumStart), walLSN(b, pool)-walBefore
 		vacuumed := size()
+		var parts int
+		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, table(w.family)).Scan(&parts))
 
 		layout := "inline"
 		if partitioned {
 			layout = "partitioned"
 		}
-		b.Logf("%-11s write %d runs: %.1f s, WAL %.1f MB | reap %d runs: %.2f s, %.0f runs/s, WAL %.1f MB, %d partitions dropped | VACUUM %.2f s, WAL %.1f MB | size %.1f MB -> %.1f MB, after VACUUM %.1f MB",
-			layout, 7*perDay, writeTook.Seconds(), float64(writeWAL)/1e6, rep.Runs, took.Seconds(), float64(rep.Runs)/took.Seconds(),
+		b.Logf("%-11s write %d %s: %.1f s, WAL %.1f MB | reap %d: %.2f s, %.0f %s/s, WAL %.1f MB, %d partitions dropped | VACUUM %.2f s, WAL %.1f MB | size %.1f MB -> %.1f MB, after VACUUM %.1f MB | partitions left %d",
+			layout, 7*perDay, w.what, writeTook.Seconds(), float64(writeWAL)/1e6, n, took.Seconds(), float64(n)/took.Seconds(), w.what,
 			float64(reapWAL)/1e6, len(rep.PartitionsDropped), vacuumTook.Seconds(), float64(vacuumWAL)/1e6, float64(before)/1e6,
-			float64(after)/1e6, float64(vacuumed)/1e6)
+			float64(after)/1e6, float64(vacuumed)/1e6, parts)
 		_, err = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
 		require.NoError(b, err)
 	}
@@ -484,12 +416,6 @@ func walLSN(b *testing.B, pool *pgxpool.Pool) int64 {
 	var lsn int64
 	require.NoError(b, pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn))
 	return lsn
-}
-
-// payloadSize is the disk taken by idem_keys and every table named like a partition of
-// idem_results in schema, with their TOAST and indexes.
-func payloadSize(b *testing.B, pool *pgxpool.Pool, schema string) int64 {
-	return tablesSize(b, pool, schema, `idem\_results\_p%`, "idem_keys")
 }
 
 // tablesSize is the disk taken by the tables named tables and every table whose name is LIKE
