@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
@@ -145,8 +146,13 @@ func ReapWithReport(ctx context.Context, db Querier, opts ...Option) (ReapReport
 	}
 	var msgs int64
 	if err == nil {
+		var afterMsg *uuid.UUID // where the last batch of messages ended
 		msgs, err = r.drain(ctx, "outbox", 500, func(ctx context.Context, limit int) (int64, error) {
-			return st.ReapOutbox(ctx, db, limit, cfg.outboxRetention.Microseconds())
+			n, last, err := st.ReapOutbox(ctx, db, limit, cfg.outboxRetention.Microseconds(), afterMsg)
+			if last != nil {
+				afterMsg = last
+			}
+			return n, err
 		})
 	}
 	var parts store.PartitionsReport

@@ -230,7 +230,7 @@ func TestOutboxPayloadPartitions(t *testing.T) {
 	require.Equal(t, 7, named)
 	require.Len(t, b.get(t, l1).Payload, 4<<10)
 
-	n, err := b.st.ReapOutbox(b.ctx, b.pool, 100, time.Hour.Microseconds())
+	n, _, err := b.st.ReapOutbox(b.ctx, b.pool, 100, time.Hour.Microseconds(), nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n, "the published messages")
 	rep, err = b.st.MaintainPartitions(b.ctx, b.pool)
@@ -251,7 +251,7 @@ func TestOutboxPayloadPartitions(t *testing.T) {
 	ok, err := b.st.OutboxSetStatus(b.ctx, b.pool, d1, "skipped", []string{"dead"})
 	require.NoError(t, err)
 	require.True(t, ok)
-	n, err = b.st.ReapOutbox(b.ctx, b.pool, 100, time.Hour.Microseconds())
+	n, _, err = b.st.ReapOutbox(b.ctx, b.pool, 100, time.Hour.Microseconds(), nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "skipped, and appended long enough ago")
 	rep, err = b.st.MaintainPartitions(b.ctx, b.pool)

@@ -404,6 +404,40 @@ func idAt(at time.Time) [16]byte {
 	return id
 }
 
+// TestOutboxReapCursor: each batch starts after the id where the last ended, and a message behind
+// the cursor is left to a call that starts afresh.
+func TestOutboxReapCursor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := time.Now().Add(-time.Hour)
+	ms := []store.OutboxMessage{msg("a"), msg("b"), msg("c")}
+	for i := range ms {
+		ms[i].ID = idAt(old.Add(time.Duration(i) * time.Second))
+	}
+	b.append(t, ms...)
+	_, err := b.pool.Exec(b.ctx, `UPDATE idem_outbox SET published_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	retention := time.Minute.Microseconds()
+
+	n, last, err := b.st.ReapOutbox(b.ctx, b.pool, 1, retention, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, uuid.UUID(ms[0].ID), *last, "the oldest first")
+	second := uuid.UUID(ms[1].ID)
+	n, last, err = b.st.ReapOutbox(b.ctx, b.pool, 10, retention, &second)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "only what is after the cursor")
+	require.Equal(t, uuid.UUID(ms[2].ID), *last)
+	b.get(t, ms[1].ID)
+	n, last, err = b.st.ReapOutbox(b.ctx, b.pool, 10, retention, last)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Nil(t, last, "nothing deleted, no cursor")
+	n, _, err = b.st.ReapOutbox(b.ctx, b.pool, 10, retention, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "a call from the start finds the message left behind")
+}
+
 func TestOutboxReap(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -421,7 +455,7 @@ func TestOutboxReap(t *testing.T) {
 	_, err = b.pool.Exec(b.ctx, `UPDATE idem_outbox SET status = 'skipped', created_at = now() - interval '1 hour' WHERE id = $1`, skipped.ID)
 	require.NoError(t, err)
 
-	n, err := b.st.ReapOutbox(b.ctx, b.pool, 100, time.Minute.Microseconds())
+	n, _, err := b.st.ReapOutbox(b.ctx, b.pool, 100, time.Minute.Microseconds(), nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n, "the published and the skipped message past the retention")
 	for _, m := range []store.OutboxMessage{unpublished, recent, dead} {
@@ -517,6 +551,6 @@ func TestOutboxSchemaQualified(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.OutboxRelease(ctx, pool, "me", held))
 	require.NoError(t, st.OutboxLeave(ctx, pool, "me"))
-	_, err = st.ReapOutbox(ctx, pool, 10, time.Hour.Microseconds())
+	_, _, err = st.ReapOutbox(ctx, pool, 10, time.Hour.Microseconds(), nil)
 	require.NoError(t, err)
 }
