@@ -142,7 +142,14 @@ func ReapWithReport(ctx context.Context, db Querier, opts ...Option) (ReapReport
 	var runs int64
 	if err == nil {
 		// Runs take their steps with them: start smaller.
-		runs, err = r.drain(ctx, "run", 100, func(ctx context.Context, limit int) (int64, error) { return st.ReapRuns(ctx, db, limit) })
+		var afterRun *time.Time // where the last batch of runs ended
+		runs, err = r.drain(ctx, "run", 100, func(ctx context.Context, limit int) (int64, error) {
+			n, last, err := st.ReapRuns(ctx, db, limit, afterRun)
+			if last != nil {
+				afterRun = last
+			}
+			return n, err
+		})
 	}
 	var msgs int64
 	if err == nil {

@@ -327,11 +327,15 @@ func TestReap(t *testing.T) {
 		_, err := other.Exec(b.ctx, `SELECT FROM idem_runs WHERE id = 'locked' FOR UPDATE`)
 		require.NoError(t, err)
 
+		var after *time.Time
 		reap := func(limit int) (n int) {
 			t.Helper()
 			tx := b.lockedElsewhere(t)
-			reaped, err := b.st.ReapRuns(b.ctx, tx, limit)
+			reaped, last, err := b.st.ReapRuns(b.ctx, tx, limit, after)
 			require.NoError(t, err)
+			if last != nil {
+				after = last
+			}
 			n = int(reaped)
 			require.NoError(t, tx.Commit(b.ctx))
 			return n
@@ -340,6 +344,20 @@ func TestReap(t *testing.T) {
 		require.Equal(t, 0, b.count(t, "idem_runs", "s", "done"), "oldest expiry first")
 		require.Equal(t, 1, reap(10))
 		require.Equal(t, 0, reap(10))
+
+		// The cursor: "locked", which expired first, is behind it once the lock is gone, and is
+		// left to a reap that starts afresh.
+		require.NoError(t, other.Rollback(b.ctx))
+		require.Equal(t, 0, reap(10))
+		require.Equal(t, 1, b.count(t, "idem_runs", "s", "locked"))
+		after = nil
+		require.Equal(t, 1, reap(10))
+		require.Equal(t, 0, b.count(t, "idem_runs", "s", "locked"))
+		b.insertRun(t, run{scope: "s", id: "locked", state: store.RunCancelled, expires: -3 * time.Hour})
+		b.insertHistory(t, "s", "locked")
+		other = b.begin(t)
+		_, err = other.Exec(b.ctx, `SELECT FROM idem_runs WHERE id = 'locked' FOR UPDATE`)
+		require.NoError(t, err)
 
 		gone := map[string]int{"idem_keys": 0, "idem_runs": 0, "idem_steps": 0, "idem_step_attempts": 0, "idem_signals": 0, "idem_events": 0}
 		kept := map[string]int{"idem_keys": 1, "idem_runs": 1, "idem_steps": 1, "idem_step_attempts": 1, "idem_signals": 1, "idem_events": 1}

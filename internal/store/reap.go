@@ -37,9 +37,12 @@ SELECT count(*), max(expires_at) FROM gone`),
 		// A finished child whose parent is unfinished is kept, since the parent may still wait
 		// for its outcome: it is looked at again when it is twice as old (so a child of a parent
 		// that runs for months costs a few updates), and goes at the first look after its
-		// parent has finished.
+		// parent has finished (its new expiry is past the cursor). The scan starts at the
+		// expiry where the last batch ended ($2), as the keys' does.
 		runs: t.render(`WITH due AS (
-	SELECT scope, id, parent_scope, parent_id FROM {runs} WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
+	SELECT scope, id, parent_scope, parent_id, expires_at FROM {runs}
+	WHERE expires_at <= now() AND expires_at >= coalesce($2::timestamptz, '-infinity')
+	ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ), held AS (
 	UPDATE {runs} r SET expires_at = now() + greatest(now() - coalesce(r.finished_at, r.updated_at), interval '1 second')
 	FROM due d WHERE r.scope = d.scope AND r.id = d.id AND d.parent_id IS NOT NULL AND EXISTS (
@@ -60,7 +63,7 @@ SELECT count(*), max(expires_at) FROM gone`),
 ), events AS (
 	DELETE FROM {events} v USING runs d WHERE v.scope = d.scope AND v.id = d.id
 )
-SELECT count(*) FROM runs`),
+SELECT (SELECT count(*) FROM runs), (SELECT max(expires_at) FROM due)`),
 
 		// The scan starts after the id where the last batch ended ($3), for the reason the keys'
 		// does: from the index's left edge, every batch would step over the entries of every
@@ -96,9 +99,13 @@ func (st *Statements) ReapKeys(ctx context.Context, q Querier, limit int, after 
 // ReapRuns deletes up to limit finished, expired runs with their steps, attempts, keys, signals
 // and events, and returns how many runs it deleted. A running or waiting run has no expiry and is
 // never deleted.
-func (st *Statements) ReapRuns(ctx context.Context, q Querier, limit int) (n int64, err error) {
-	err = q.QueryRow(ctx, st.reap.runs, limit).Scan(&n)
-	return n, err
+//
+// The scan starts at the expiry after (nil: from the oldest), and last is the latest expiry among
+// the runs it looked at, where the next batch can start (nil when there were none); a run passed
+// over behind the cursor is left to the next call.
+func (st *Statements) ReapRuns(ctx context.Context, q Querier, limit int, after *time.Time) (n int64, last *time.Time, err error) {
+	err = q.QueryRow(ctx, st.reap.runs, limit, after).Scan(&n, &last)
+	return n, last, err
 }
 
 // ReapOutbox deletes up to limit outbox messages published (or skipped by an operator) longer
