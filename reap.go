@@ -132,34 +132,34 @@ func ReapWithReport(ctx context.Context, db Querier, opts ...Option) (ReapReport
 	defer span.End()
 	r := &reaper{cfg: cfg, tel: tel, pace: pacer{busy: cfg.reapBusy, batchTime: cfg.reapBatchTime}}
 	var after *time.Time // where the last batch of keys ended
-	keys, err := r.drain(ctx, "do", 500, func(ctx context.Context, limit int) (int64, error) {
+	keys, err := r.drain(ctx, "do", 500, func(ctx context.Context, limit int) (int64, int64, error) {
 		n, last, err := st.ReapKeys(ctx, db, limit, after)
 		if last != nil {
 			after = last
 		}
-		return n, err
+		return n, n, err
 	})
 	var runs int64
 	if err == nil {
 		// Runs take their steps with them: start smaller.
 		var afterRun *time.Time // where the last batch of runs ended
-		runs, err = r.drain(ctx, "run", 100, func(ctx context.Context, limit int) (int64, error) {
-			n, last, err := st.ReapRuns(ctx, db, limit, afterRun)
+		runs, err = r.drain(ctx, "run", 100, func(ctx context.Context, limit int) (int64, int64, error) {
+			n, looked, last, err := st.ReapRuns(ctx, db, limit, afterRun)
 			if last != nil {
 				afterRun = last
 			}
-			return n, err
+			return n, looked, err
 		})
 	}
 	var msgs int64
 	if err == nil {
 		var afterMsg *uuid.UUID // where the last batch of messages ended
-		msgs, err = r.drain(ctx, "outbox", 500, func(ctx context.Context, limit int) (int64, error) {
+		msgs, err = r.drain(ctx, "outbox", 500, func(ctx context.Context, limit int) (int64, int64, error) {
 			n, last, err := st.ReapOutbox(ctx, db, limit, cfg.outboxRetention.Microseconds(), afterMsg)
 			if last != nil {
 				afterMsg = last
 			}
-			return n, err
+			return n, n, err
 		})
 	}
 	var parts store.PartitionsReport
@@ -200,8 +200,10 @@ type reaper struct {
 
 // drain deletes in batches with del, each of batch rows to begin with, until a batch comes back
 // short, and counts what it deleted in the metric under what ("do", "run" or "outbox"), as the
-// log does.
-func (r *reaper) drain(ctx context.Context, what string, batch int, del func(ctx context.Context, limit int) (int64, error)) (deleted int64, _ error) {
+// log does. del returns the rows it deleted and the rows it looked at, which are more when it
+// keeps some (a finished child whose parent is unfinished): a batch is short when it looked at
+// fewer than its limit, not when it kept some.
+func (r *reaper) drain(ctx context.Context, what string, batch int, del func(ctx context.Context, limit int) (deleted, looked int64, err error)) (deleted int64, _ error) {
 	defer func() {
 		r.tel.Reaped.Add(ctx, deleted, metric.WithAttributeSet(attribute.NewSet(telemetry.What.String(what))))
 	}()
@@ -219,18 +221,18 @@ func (r *reaper) drain(ctx context.Context, what string, batch int, del func(ctx
 			return deleted, fmt.Errorf("idem: stopped reaping after %d keys: %w", deleted, err)
 		}
 		start := time.Now()
-		n, err := del(ctx, limit)
+		n, looked, err := del(ctx, limit)
 		took := time.Since(start)
 		if err != nil {
 			return deleted, fmt.Errorf("idem: error deleting expired keys (after %d): %w", deleted, tablesError(err))
 		}
 		deleted += n
 		r.total += n
-		if n < int64(limit) {
+		if looked < int64(limit) {
 			r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", what, "keys", n, "limit", limit, "took", took)
 			return deleted, nil
 		}
-		rest, pressure := r.pace.done(int(n), limit, took)
+		rest, pressure := r.pace.done(int(looked), limit, took)
 		r.cfg.logger().DebugContext(ctx, "idem: reaped a batch of expired keys", "what", what, "keys", n, "limit", limit, "took", took,
 			"pressure", pressure, "rest", rest)
 		if err := backoff.Sleep(ctx, rest); err != nil {

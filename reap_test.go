@@ -194,3 +194,26 @@ func TestReap(t *testing.T) {
 		require.ErrorContains(t, err, "db is nil")
 	})
 }
+
+// TestReapDrainsPastAHeldChild: a finished child whose parent is unfinished is kept, and the batch
+// it was in counts as full all the same: one Reap deletes every expired run after it.
+func TestReapDrainsPastAHeldChild(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.seedRun(t, "s", "parent", "payout", "running", "NULL")
+	b.seedRun(t, "s", "child", "payout", "done", "now() - interval '1 hour'")
+	_, err := b.pool.Exec(ctx, `UPDATE idem_runs SET parent_scope = 's', parent_id = 'parent', parent_seq = 1,
+	finished_at = now() - interval '2 hours' WHERE id = 'child'`)
+	require.NoError(t, err)
+	for i := range 150 { // more than the first batch of 100
+		b.seedRun(t, "s", fmt.Sprintf("done-%d", i), "payout", "done", "now() - interval '1 second'")
+	}
+	rep, err := idem.ReapWithReport(ctx, b.pool, idem.ReapBusy(1))
+	require.NoError(t, err)
+	require.EqualValues(t, 150, rep.Runs)
+	var left int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idem_runs WHERE expires_at <= now()`).Scan(&left))
+	require.Zero(t, left, "every expired run went in one Reap")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idem_runs WHERE id = 'child'`), "the child is kept for its parent")
+}

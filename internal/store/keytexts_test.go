@@ -331,7 +331,7 @@ func TestReap(t *testing.T) {
 		reap := func(limit int) (n int) {
 			t.Helper()
 			tx := b.lockedElsewhere(t)
-			reaped, last, err := b.st.ReapRuns(b.ctx, tx, limit, after)
+			reaped, _, last, err := b.st.ReapRuns(b.ctx, tx, limit, after)
 			require.NoError(t, err)
 			if last != nil {
 				after = last

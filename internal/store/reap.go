@@ -63,7 +63,7 @@ SELECT count(*), max(expires_at) FROM gone`),
 ), events AS (
 	DELETE FROM {events} v USING runs d WHERE v.scope = d.scope AND v.id = d.id
 )
-SELECT (SELECT count(*) FROM runs), (SELECT max(expires_at) FROM due)`),
+SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM due), (SELECT max(expires_at) FROM due)`),
 
 		// The scan starts after the id where the last batch ended ($3), for the reason the keys'
 		// does: from the index's left edge, every batch would step over the entries of every
@@ -100,12 +100,14 @@ func (st *Statements) ReapKeys(ctx context.Context, q Querier, limit int, after 
 // and events, and returns how many runs it deleted. A running or waiting run has no expiry and is
 // never deleted.
 //
-// The scan starts at the expiry after (nil: from the oldest), and last is the latest expiry among
-// the runs it looked at, where the next batch can start (nil when there were none); a run passed
-// over behind the cursor is left to the next call.
-func (st *Statements) ReapRuns(ctx context.Context, q Querier, limit int, after *time.Time) (n int64, last *time.Time, err error) {
-	err = q.QueryRow(ctx, st.reap.runs, limit, after).Scan(&n, &last)
-	return n, last, err
+// looked counts the runs it looked at, deleted or kept (a finished child whose parent is
+// unfinished): a batch that kept some is full all the same. The scan starts at the expiry after
+// (nil: from the oldest), and last is the latest expiry among the runs it looked at, where the next
+// batch can start (nil when there were none); a run passed over behind the cursor is left to the
+// next call.
+func (st *Statements) ReapRuns(ctx context.Context, q Querier, limit int, after *time.Time) (n, looked int64, last *time.Time, err error) {
+	err = q.QueryRow(ctx, st.reap.runs, limit, after).Scan(&n, &looked, &last)
+	return n, looked, last, err
 }
 
 // ReapOutbox deletes up to limit outbox messages published (or skipped by an operator) longer

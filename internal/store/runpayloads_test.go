@@ -293,7 +293,7 @@ func TestRunPayloadsPartitionDrop(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, hist[0].Output, 4<<10, "an expired run's history is whole until it is reaped")
 
-	n, _, err := b.st.ReapRuns(b.ctx, b.pool, 100, nil)
+	n, _, _, err := b.st.ReapRuns(b.ctx, b.pool, 100, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	rep, err = b.st.MaintainPartitions(b.ctx, b.pool)
