@@ -210,6 +210,14 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		if fromStep > steps+1 {
 			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
 		}
+		// A large output that is not in its partition would be copied as an empty one.
+		switch missing, err := e.st.RunForkMissing(ctx, t, key.Scope, key.ID, fromStep); {
+		case err != nil:
+			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
+		case missing > 0:
+			return fmt.Errorf("workflow: cannot fork run %q in scope %q: %w: the outputs of %s before step %d (was a partition of idem_run_payloads dropped by hand?)",
+				key.ID, key.Scope, store.ErrPayloadMissing, plural(missing, "step"), fromStep)
+		}
 		// The resume job (or the admission of a queued run) starts the fork once this
 		// transaction, which copies its history too, commits.
 		ok, err = e.enqueue(ctx, jobs, t, store.RunEnqueueParams{Scope: newKey.Scope, ID: newKey.ID, Fingerprint: src.Fingerprint,

@@ -215,6 +215,18 @@ func TestLargeRunPayloads(t *testing.T) {
 			ev, err = workflow.GetEvent[string](b.ctx, e2, forked, "ev", 0)
 			require.NoError(t, err)
 			require.Equal(t, w.Event, ev)
+
+			// A large output gone from its partition (dropped by hand) is never copied as an
+			// empty one: the fork is refused, and nothing of it is left.
+			if partition {
+				_, err = b.pool.Exec(b.ctx, `DELETE FROM idem_run_payloads WHERE id = 'bulky' AND kind = 's' AND ref = '1'`)
+				require.NoError(t, err)
+				err = e2.RunFork(b.ctx, key, idem.Key{Scope: "merchant:7", ID: "bulky-fork-2"}, 3)
+				require.ErrorIs(t, err, store.ErrPayloadMissing)
+				require.ErrorContains(t, err, "the outputs of 1 step before step 3")
+				require.Zero(t, b.count(t, `SELECT count(*) FROM idem_keys WHERE id = 'bulky-fork-2'`))
+				require.NoError(t, e2.RunFork(b.ctx, key, idem.Key{Scope: "merchant:7", ID: "bulky-fork-3"}, 1), "a fork that copies no step is fine")
+			}
 		})
 	}
 }
