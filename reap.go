@@ -96,7 +96,7 @@ type ReapReport struct {
 	// PartitionsSkipped says why partition upkeep was left for a later Reap without failing
 	// this one: db is a transaction, the role may not create or drop tables, or a lock was not
 	// granted in time. Large payloads stay in their rows meanwhile, which is correct, only
-	// dearer to delete.
+	// dearer to delete. (Errors marshal to JSON as {}: log their Error().)
 	PartitionsSkipped []error
 }
 

@@ -275,10 +275,13 @@ var reapCmd = &command{
 		for _, p := range []struct {
 			what  string
 			names []string
-		}{{"made", rep.PartitionsCreated}, {"dropped", rep.PartitionsDropped}, {"left for a later reap", skipped}} {
+		}{{"made", rep.PartitionsCreated}, {"dropped", rep.PartitionsDropped}} {
 			if len(p.names) > 0 {
 				fmt.Fprintf(&msg, "\npayload partitions %s: %s", p.what, strings.Join(p.names, ", "))
 			}
+		}
+		for _, why := range skipped {
+			fmt.Fprintf(&msg, "\npayload partitions left for a later reap: %s", why)
 		}
 		return c.done(msg.String(), map[string]any{"reaped": rep.Total(), "keys": rep.Keys, "runs": rep.Runs, "outbox": rep.Outbox,
 			"partitions_created": nonNil(rep.PartitionsCreated), "partitions_dropped": nonNil(rep.PartitionsDropped),

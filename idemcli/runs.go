@@ -170,7 +170,14 @@ var runsShowCmd = &command{
 				t.row("mailbox", strconv.Itoa(r.PendingSignals)+" pending signals")
 			}
 			if f := r.ForkedFrom; f != nil {
-				t.row("forked from", fmt.Sprintf("%s %s, its first %d steps copied", f.Key.Scope, f.Key.ID, f.Steps))
+				copied := "no step copied"
+				if f.Steps > 0 {
+					copied = "its first step copied"
+					if f.Steps > 1 {
+						copied = fmt.Sprintf("its first %d steps copied", f.Steps)
+					}
+				}
+				t.row("forked from", fmt.Sprintf("%s %s, %s", f.Key.Scope, f.Key.ID, copied))
 			}
 			for _, k := range sortedKeys(r.Attributes) {
 				t.row("attribute", k+"="+r.Attributes[k])

@@ -58,7 +58,8 @@ func TestChaos(t *testing.T) {
 		// of a request, which a fixed schedule would not do. Each costs a client a second or two
 		// (a 503's Retry-After, a lease to expire), so a higher rate only makes the test slower.
 		//
-		// Each fault waits for the bank to commit something since the last one. A reset sends
+		// Each fault waits until the proxy has seen a COMMIT since the last one (the bank's or
+		// River's, whatever became of its reply): the bank is connected and working again. A reset sends
 		// every connection of the bank back through Postgres's startup at once; on a slow or
 		// busy machine, faults at a fixed rate would land before the bank has reconnected and
 		// pile up reconnections until the postmaster did nothing but fork for them. Waiting

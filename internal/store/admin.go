@@ -184,8 +184,11 @@ WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND
 	UPDATE {signals} SET consumed_at = NULL, consumed_step = NULL
 	WHERE scope = $1 AND id = $2 AND consumed_step >= (SELECT seq FROM cut)
 ), unwaited AS (
-	UPDATE {runs} SET wait_seq = NULL, wait_name = NULL, wake_at = NULL
-	WHERE scope = $1 AND id = $2 AND wait_seq >= (SELECT seq FROM cut)
+	UPDATE {runs} SET wait_seq = CASE WHEN wait_seq >= c.seq THEN NULL ELSE wait_seq END,
+		wait_name = CASE WHEN wait_seq >= c.seq THEN NULL ELSE wait_name END,
+		wake_at = CASE WHEN wait_seq >= c.seq THEN NULL ELSE wake_at END,
+		forked_steps = CASE WHEN forked_steps >= c.seq THEN c.seq - 1 ELSE forked_steps END
+	FROM cut c WHERE scope = $1 AND id = $2 AND (wait_seq >= c.seq OR forked_steps >= c.seq)
 )
 SELECT seq FROM deleted`),
 

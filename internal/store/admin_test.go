@@ -217,6 +217,32 @@ WHERE seq IN ($1, $2)`, early, late)
 		require.Nil(t, got.WakeAt)
 	})
 
+	// A fork that copied a failed step and is resumed runs that step itself: it is not a copy
+	// any more.
+	t.Run("ForkedSteps", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.insertRun(t, run{scope: "s", id: "k", state: store.RunFailed})
+		b.insertRun(t, run{scope: "s", id: "f", state: store.RunFailed})
+		for _, id := range []string{"k", "f"} {
+			b.insertStep(t, "s", id, 1, "one", "")
+			b.insertStep(t, "s", id, 2, "two", "boom")
+		}
+		_, err := b.pool.Exec(b.ctx, `UPDATE idem_runs SET forked_scope = 's', forked_id = 'k', forked_steps = 2 WHERE id = 'f'`)
+		require.NoError(t, err)
+		for _, id := range []string{"k", "f"} {
+			cut, err := b.st.RunCutFailed(b.ctx, b.pool, "s", id)
+			require.NoError(t, err)
+			require.Equal(t, []int{2}, cut)
+		}
+		rec, _, err := b.st.RunGet(b.ctx, b.pool, "s", "f")
+		require.NoError(t, err)
+		require.Equal(t, 1, *rec.ForkedSteps)
+		rec, _, err = b.st.RunGet(b.ctx, b.pool, "s", "k")
+		require.NoError(t, err)
+		require.Nil(t, rec.ForkedSteps, "a run that was not forked stays so")
+	})
+
 	t.Run("EarlierWaitStays", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
