@@ -122,7 +122,8 @@ type RunRow struct {
 
 	// ForkedFrom is the run this one was forked from (Engine.RunFork) and how many of its steps
 	// were copied: the first ForkedFrom.Steps steps of this run are replayed copies, not run
-	// here. Nil for a run that was not forked.
+	// here. Nil for a run that was not forked. The original is named by its key, and may have been
+	// reaped since.
 	ForkedFrom *ForkRef `json:"forked_from,omitempty"`
 }
 
