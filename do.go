@@ -266,19 +266,31 @@ const (
 )
 
 // lookup reads the key and decides, waiting as the Wait option allows while it is in flight.
+//
+// After waiting, a key found free is looked up once more. The lookup reads the row with its
+// statement's snapshot and then tries the lock; the holder it waited for may have committed and
+// released the lock between the two, and then only a new statement sees the row it committed
+// (in READ COMMITTED; under REPEATABLE READ the snapshot stays, and the write that follows fails
+// as any race does).
 func lookup(ctx context.Context, t pgx.Tx, st *store.Statements, cfg *config, key Key, lock int64) (verdict, store.KeyRow, error) {
 	var (
-		v   verdict
-		row store.KeyRow
+		v      verdict
+		row    store.KeyRow
+		waited bool
 	)
-	err := waitFor(ctx, cfg, func() error {
+	step := func() error {
 		var err error
 		if row, err = st.KeyLookup(ctx, t, key.Scope, key.ID, lock); err != nil {
 			return lookupError(cfg, err)
 		}
 		v, err = decide(key, cfg, row)
+		waited = waited || errors.Is(err, ErrInFlight)
 		return err
-	})
+	}
+	err := waitFor(ctx, cfg, step)
+	if err == nil && waited && (v == verdictRunFresh || v == verdictRunExpired) {
+		err = step() // the lock is ours now: this one is in flight only if we are
+	}
 	return v, row, err
 }
 

@@ -471,16 +471,28 @@ const holdTimeout = 30 * time.Second
 // than the holder did, which shows that a waiting Do is inside its wait loop.
 func waitForWaiter(t *testing.T, b *testBundle) {
 	t.Helper()
+	// The waiter's connection shows the lookup's text once the statement is prepared, before it
+	// has run: seen idle in its transaction with that text a second time, at a later
+	// query_start, it has run the lookup at least once and found the key in flight.
 	deadline := time.Now().Add(30 * time.Second)
+	var first *time.Time
 	for time.Now().Before(deadline) {
-		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		var started []time.Time
+		rows, err := b.pool.Query(b.ctx, `SELECT query_start FROM pg_stat_activity
 			WHERE datname = current_database() AND pid <> pg_backend_pid()
-			AND state = 'idle in transaction' AND query LIKE '%pg_try_advisory_xact_lock%'`).Scan(&n))
-		if n > 0 {
-			return
+			AND state = 'idle in transaction' AND query LIKE '%pg_try_advisory_xact_lock%'`)
+		require.NoError(t, err)
+		started, err = pgx.CollectRows(rows, pgx.RowTo[time.Time])
+		require.NoError(t, err)
+		for _, at := range started {
+			switch {
+			case first == nil:
+				first = &at
+			case at.After(*first):
+				return
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 	t.Fatal("no waiter showed up")
 }
