@@ -93,6 +93,12 @@ func (b *testBundle) engine(t testing.TB, cfg *workflow.Config) *workflow.Engine
 // stops it when the test ends.
 func (b *testBundle) startRiver(t testing.TB, e *workflow.Engine, register ...func(*river.Workers)) *river.Client[pgx.Tx] {
 	t.Helper()
+	return b.startRiverPeriodic(t, e, e.PeriodicJobs(), register...)
+}
+
+// startRiverPeriodic is startRiver with periodic as the client's periodic jobs.
+func (b *testBundle) startRiverPeriodic(t testing.TB, e *workflow.Engine, periodic []*river.PeriodicJob, register ...func(*river.Workers)) *river.Client[pgx.Tx] {
+	t.Helper()
 	workers := river.NewWorkers()
 	require.NoError(t, e.AddWorkers(workers))
 	river.AddWorker(workers, river.WorkFunc(func(context.Context, *river.Job[notifyArgs]) error { return nil }))
@@ -102,7 +108,7 @@ func (b *testBundle) startRiver(t testing.TB, e *workflow.Engine, register ...fu
 	client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
 		Workers:           workers,
-		PeriodicJobs:      e.PeriodicJobs(),
+		PeriodicJobs:      periodic,
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            quietLogger(),

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -234,25 +232,7 @@ func TestLargeRunPayloads(t *testing.T) {
 // startRiverWithoutReaper is startRiver with the recovery scan as the only periodic job.
 func (b *testBundle) startRiverWithoutReaper(t testing.TB, e *workflow.Engine) {
 	t.Helper()
-	workers := river.NewWorkers()
-	require.NoError(t, e.AddWorkers(workers))
-	client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
-		Workers:           workers,
-		PeriodicJobs:      e.PeriodicJobs()[:1], // the scan; the reaper is second
-		FetchCooldown:     5 * time.Millisecond,
-		FetchPollInterval: 50 * time.Millisecond,
-		Logger:            quietLogger(),
-		TestOnly:          true,
-	})
-	require.NoError(t, err)
-	e.SetClient(client)
-	require.NoError(t, client.Start(b.ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = client.StopAndCancel(ctx)
-	})
+	b.startRiverPeriodic(t, e, e.PeriodicJobs()[:1]) // the scan; the reaper is second
 }
 
 func jsonString(s string) string {
