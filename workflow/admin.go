@@ -203,17 +203,13 @@ func (e *Engine) RunFork(ctx context.Context, key, newKey idem.Key, fromStep int
 		}
 		// Counted once the run is locked, in a statement of its own: a checkpoint that was
 		// committing while the lock was awaited is not in the locking statement's snapshot.
-		steps, err := e.st.RunStepCount(ctx, t, key.Scope, key.ID)
-		if err != nil {
-			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
-		}
-		if fromStep > steps+1 {
-			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
-		}
 		// A large output that is not in its partition would be copied as an empty one.
-		switch missing, err := e.st.RunForkMissing(ctx, t, key.Scope, key.ID, fromStep); {
+		steps, missing, err := e.st.RunForkCounts(ctx, t, key.Scope, key.ID, fromStep)
+		switch {
 		case err != nil:
 			return fmt.Errorf("workflow: error reading the run to fork: %w", err)
+		case fromStep > steps+1:
+			return fmt.Errorf("workflow: fromStep cannot be more than %d, one past the run's %s (got %d)", steps+1, plural(steps, "step"), fromStep)
 		case missing > 0:
 			return fmt.Errorf("workflow: cannot fork run %q in scope %q: %w: the outputs of %s before step %d (was a partition of idem_run_payloads dropped by hand?)",
 				key.ID, key.Scope, store.ErrPayloadMissing, plural(missing, "step"), fromStep)

@@ -128,7 +128,7 @@ func prefixEnd(prefix string) string {
 // effects, and the admin operations (cancel, resume, fork), each meant for one transaction.
 type adminStatements struct {
 	keyWorkflow, runGet, runSteps, runLock, runCancel, runCutFailed, runReopen, forkSource, forkSteps,
-	forkEvents, forkMissing, stepCount, cancelHeard string
+	forkEvents, forkCounts, cancelHeard string
 }
 
 // runColumns are what RunRecord holds, read by scanRunRecord.
@@ -165,13 +165,13 @@ FROM {runs} WHERE scope = $1 AND id = $2 FOR UPDATE`),
 	updated_at = {now}, finished_at = {now}, expires_at = {now} + $4::int8 @us
 WHERE scope = $1 AND id = $2`),
 
-		stepCount: t.render(`SELECT count(*)::int4 FROM {steps} WHERE scope = $1 AND id = $2`),
-
-		// Read through the partitioned table, with the day as a key, as forkedOutput is: a
-		// partition that is gone has no row.
-		forkMissing: t.render(`SELECT count(*)::int4 FROM {steps} s WHERE s.scope = $1 AND s.id = $2 AND s.seq < $3
-	AND s.output IS NULL AND s.output_day IS NOT NULL AND NOT EXISTS (SELECT FROM {run_payloads} p
-	WHERE p.day = s.output_day AND p.scope = s.scope AND p.id = s.id AND p.kind = '` + payloadStep + `' AND p.ref = s.seq::text)`),
+		// A large output missing from its partition (dropped by hand) is read through the
+		// partitioned table, with the day as a key, as forkedOutput is: a partition that is gone
+		// has no row.
+		forkCounts: t.render(`SELECT count(*)::int4, count(*) FILTER (WHERE s.seq < $3 AND s.output IS NULL AND s.output_day IS NOT NULL
+	AND NOT EXISTS (SELECT FROM {run_payloads} p WHERE p.day = s.output_day AND p.scope = s.scope AND p.id = s.id
+		AND p.kind = '` + payloadStep + `' AND p.ref = s.seq::text))::int4
+FROM {steps} s WHERE s.scope = $1 AND s.id = $2`),
 
 		cancelHeard: t.render(`UPDATE {runs} SET lease_owner = NULL, lease_expires_at = NULL
 WHERE scope = $1 AND id = $2 AND state = 'cancelled' AND lease_token IS NULL AND lease_owner = $3`),
@@ -436,17 +436,12 @@ func (st *Statements) RunForkEvents(ctx context.Context, q Querier, scope, id, n
 	return err
 }
 
-// RunForkMissing counts the steps before position from of a run whose large output is not in its
-// partition of idem_run_payloads (dropped by hand): a fork must not copy them as empty outputs.
-func (st *Statements) RunForkMissing(ctx context.Context, q Querier, scope, id string, from int) (n int, err error) {
-	err = q.QueryRow(ctx, st.admin.forkMissing, scope, id, from).Scan(&n)
-	return n, err
-}
-
-// RunStepCount counts a run's completed steps.
-func (st *Statements) RunStepCount(ctx context.Context, q Querier, scope, id string) (n int, err error) {
-	err = q.QueryRow(ctx, st.admin.stepCount, scope, id).Scan(&n)
-	return n, err
+// RunForkCounts counts a run's completed steps, and those before position from whose large output
+// is not in its partition of idem_run_payloads (dropped by hand): a fork must not copy them as
+// empty outputs.
+func (st *Statements) RunForkCounts(ctx context.Context, q Querier, scope, id string, from int) (steps, missing int, err error) {
+	err = q.QueryRow(ctx, st.admin.forkCounts, scope, id, from).Scan(&steps, &missing)
+	return steps, missing, err
 }
 
 // RunCancelHeard is the cancelled owner saying it has stopped: the lease it kept (see RunCancel)

@@ -99,10 +99,11 @@ func TestRunSteps(t *testing.T) {
 	require.Equal(t, store.StepRow{Seq: 2, Name: "two", Kind: "tx", Attempts: 1, Error: ptr("failed"), Created: steps[1].Created}, steps[1])
 	require.WithinDuration(t, time.Now(), steps[0].Created, time.Minute)
 
-	n, err := b.st.RunStepCount(b.ctx, b.pool, "s", "k")
+	n, missing, err := b.st.RunForkCounts(b.ctx, b.pool, "s", "k", 3)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	n, err = b.st.RunStepCount(b.ctx, b.pool, "s", "missing")
+	require.Zero(t, missing)
+	n, _, err = b.st.RunForkCounts(b.ctx, b.pool, "s", "missing", 1)
 	require.NoError(t, err)
 	require.Zero(t, n)
 }

@@ -411,5 +411,5 @@ var errNoConcurrentDetach = errors.New("payload partitions that could be dropped
 // reaper got to it first.
 func gone(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "55000")
+	return IsMissingTable(err) || (errors.As(err, &pgErr) && pgErr.Code == "55000")
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // runPayloadsFamily is idem_run_payloads: the large step outputs, signal payloads and event
@@ -107,7 +106,7 @@ func (st *Statements) loadRunPayloads(ctx context.Context, q Querier, scope, id,
 		sql := `SELECT ref, data FROM ` + st.Tables.qualify(part) + ` WHERE day = $4 AND scope = $1 AND id = $2 AND kind = '` + kind + `' AND ref = ANY($3::text[])`
 		rows, err := q.Query(ctx, sql, scope, id, names, day)
 		if err != nil {
-			if isUndefinedTable(err) {
+			if IsMissingTable(err) {
 				return fmt.Errorf("%w: %s is gone", ErrPayloadMissing, part)
 			}
 			return err
@@ -125,7 +124,7 @@ func (st *Statements) loadRunPayloads(ctx context.Context, q Querier, scope, id,
 			return nil
 		})
 		if err != nil {
-			if isUndefinedTable(err) {
+			if IsMissingTable(err) {
 				return fmt.Errorf("%w: %s is gone", ErrPayloadMissing, part)
 			}
 			return err
@@ -139,10 +138,3 @@ func (st *Statements) loadRunPayloads(ctx context.Context, q Querier, scope, id,
 
 // seqRef is a step's or a signal's ref in idem_run_payloads.
 func seqRef[T int | int64](seq T) string { return strconv.FormatInt(int64(seq), 10) }
-
-// isUndefinedTable reports whether err is Postgres's "relation does not exist": a partition
-// that is gone.
-func isUndefinedTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
-}

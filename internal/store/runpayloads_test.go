@@ -190,6 +190,13 @@ func TestRunPayloads(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.st.RunHistory(b.ctx, b.pool, "s", "r")
 	require.ErrorIs(t, err, store.ErrPayloadMissing)
+	steps, missing, err := b.st.RunForkCounts(b.ctx, b.pool, "s", "r", 6)
+	require.NoError(t, err)
+	require.Equal(t, 5, steps)
+	require.Equal(t, 1, missing, "what a fork from step 6 would copy as empty")
+	_, missing, err = b.st.RunForkCounts(b.ctx, b.pool, "s", "r", 3)
+	require.NoError(t, err)
+	require.Zero(t, missing, "a fork from step 3 copies steps 1 and 2 only")
 }
 
 // TestRunPayloadsInlineWithoutPartition: with no partition for the run's start day, large

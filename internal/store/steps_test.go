@@ -105,7 +105,7 @@ func TestStepCheckpointInFenced(t *testing.T) {
 	require.Zero(t, tag.RowsAffected())
 	require.NoError(t, tx.Commit(b.ctx))
 
-	n, err := b.st.RunStepCount(b.ctx, b.pool, "s", "k")
+	n, _, err := b.st.RunForkCounts(b.ctx, b.pool, "s", "k", 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	steps, err := b.st.RunSteps(b.ctx, b.pool, "s", "k")
