@@ -30,7 +30,15 @@ func TestLargeDoWhileItsPartitionIsAttached(t *testing.T) {
 		mu       sync.Mutex
 		seq      atomic.Int64
 		ok       atomic.Int64
+		tries    atomic.Int64 // Do's that returned, either way
 	)
+	// progress waits until n more Do's have returned than had when it was called: writers are in
+	// flight around the attach, on however slow a machine.
+	progress := func(n int64) {
+		for want := tries.Load() + n; tries.Load() < want; {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	for d := 20; d < 140; d++ {
 		day := today.AddDate(0, 0, d)
 		ttl := time.Duration(d) * 24 * time.Hour
@@ -52,16 +60,18 @@ func TestLargeDoWhileItsPartitionIsAttached(t *testing.T) {
 					} else {
 						ok.Add(1)
 					}
+					tries.Add(1)
 				}
 			}()
 		}
-		time.Sleep(15 * time.Millisecond)
+		progress(8)
 		require.NoError(t, store.For("").MakePartitions(ctx, b.pool, "idem_results", day, day))
-		time.Sleep(10 * time.Millisecond)
+		progress(8)
 		stop.Store(true)
 		wg.Wait()
 	}
 	t.Logf("%d Do's succeeded, %d failed", ok.Load(), len(failures))
+	require.GreaterOrEqual(t, tries.Load(), int64(120*16), "writers ran before and after each attach")
 	if len(failures) > 0 {
 		t.Fatalf("large Do's failed while their day's partition was attached: %d, e.g. %s", len(failures),
 			strings.Join(failures[:min(3, len(failures))], " | "))
