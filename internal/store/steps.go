@@ -95,7 +95,7 @@ func (p CheckpointParams) args() []any {
 }
 
 // large reports whether the output goes to idem_run_payloads, when its partition exists.
-func (p CheckpointParams) large() bool { return len(p.Output) > PayloadInlineMax }
+func (p CheckpointParams) large() bool { return large(len(p.Output)) }
 
 // StepCheckpoint writes a step's row only if the writer still holds the lease, in the same
 // transaction as the step's own writes, and locks the run's row until COMMIT (the fence). When

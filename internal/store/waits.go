@@ -255,7 +255,7 @@ func (st *Statements) SignalSend(ctx context.Context, q Querier, p SignalParams)
 		most = math.MaxInt32
 	}
 	sql := st.waits.signal
-	if len(p.Payload) > PayloadInlineMax {
+	if large(len(p.Payload)) {
 		sql = st.waits.signalLarge
 	}
 	err := q.QueryRow(ctx, sql, p.Scope, p.ID, p.Name, p.Payload, nullText(p.DedupeID), most).Scan(&s.State, &s.Awaits,
@@ -291,7 +291,7 @@ func (st *Statements) RunOverdue(ctx context.Context, q Querier, limit int, late
 // created_at in µs (its generation): a value over PayloadInlineMax bytes goes to the partition of
 // idem_run_payloads for its UTC day, when that partition exists.
 func (st *Statements) EventSet(ctx context.Context, q Querier, scope, id, name string, value []byte, created int64) error {
-	if len(value) > PayloadInlineMax {
+	if large(len(value)) {
 		_, err := q.Exec(ctx, st.waits.setEventLarge, scope, id, name, value, created)
 		return err
 	}
